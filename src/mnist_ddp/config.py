@@ -1,0 +1,143 @@
+"""The config schema: typed dataclasses that Hydra checks every composed config against.
+
+The values live in ``conf/`` (one YAML group per concern); this module only says which keys
+exist and what type each has. Hydra merges every YAML file and every command-line override
+into these dataclasses, so a mistyped key (``data.global_batchsize=64``) or a wrong type
+(``trainer.max_epochs=three``) is refused while the config is composed, before any process
+or DDP process group exists.
+
+Fields without a default are ``MISSING`` here and must be given by the group's YAML file.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+#: ``conf/`` at the repository root; the entry points read their configs from here.
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+@dataclass
+class DataConfig:
+    """``data`` group: arguments of :class:`mnist_ddp.data.MNISTDataModule`."""
+
+    _target_: str = "mnist_ddp.data.MNISTDataModule"
+    data_dir: str = MISSING
+    global_batch_size: int = MISSING
+    val_size: int = MISSING
+    split_seed: int = MISSING
+    shuffle_seed: int = MISSING
+    num_workers: int = 0
+
+
+@dataclass
+class ModelConfig:
+    """``model`` group: arguments of :class:`mnist_ddp.model.MNISTClassifier`.
+
+    ``net``, ``optimizer`` and ``scheduler`` are Hydra ``_target_`` nodes; their keys are
+    checked when they are instantiated (still before any process launches).
+    """
+
+    _target_: str = "mnist_ddp.model.MNISTClassifier"
+    net: Any = MISSING
+    optimizer: Any = MISSING
+    scheduler: Any = None
+    scheduler_interval: str = "step"
+
+
+@dataclass
+class TrainerConfig:
+    """``trainer`` group: the subset of ``lightning.pytorch.Trainer`` arguments this template sets.
+
+    ``devices`` and the ``limit_*`` / ``val_check_interval`` fields are ``Any`` because Lightning
+    takes an int or a float/str there and OmegaConf 2.3 has no Union of primitives.
+    ``devices`` is ``"auto"``, a process count, or a list of device indices; ``"auto"`` means
+    every GPU when CUDA is available, else 2 CPU processes (see
+    :func:`mnist_ddp.distributed.resolve_devices`).
+    """
+
+    _target_: str = "lightning.pytorch.Trainer"
+    accelerator: str = MISSING
+    devices: Any = MISSING
+    num_nodes: int = 1
+    precision: str = "32-true"
+    max_epochs: int = MISSING
+    max_steps: int = -1
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: Optional[float] = None
+    check_val_every_n_epoch: int = 1
+    val_check_interval: Any = None
+    limit_train_batches: Any = None
+    limit_val_batches: Any = None
+    limit_test_batches: Any = None
+    num_sanity_val_steps: int = 2
+    log_every_n_steps: int = 50
+    sync_batchnorm: bool = False
+    deterministic: Optional[bool] = None
+    benchmark: Optional[bool] = None
+    enable_progress_bar: bool = True
+    enable_model_summary: bool = True
+    use_distributed_sampler: bool = False
+    default_root_dir: Optional[str] = None
+
+
+@dataclass
+class StrategyConfig:
+    """``strategy`` group: arguments of ``lightning.pytorch.strategies.DDPStrategy``.
+
+    ``process_group_backend`` ``None`` lets Lightning choose: NCCL on CUDA devices, gloo on CPU.
+    """
+
+    _target_: str = "lightning.pytorch.strategies.DDPStrategy"
+    process_group_backend: Optional[str] = None
+    start_method: str = "popen"
+    find_unused_parameters: bool = False
+
+
+@dataclass
+class TensorBoardLoggerConfig:
+    """``logger`` group: arguments of ``lightning.pytorch.loggers.TensorBoardLogger``."""
+
+    _target_: str = "lightning.pytorch.loggers.TensorBoardLogger"
+    save_dir: str = MISSING
+    name: Optional[str] = None
+    version: str = ""
+    default_hp_metric: bool = False
+    log_graph: bool = False
+
+
+@dataclass
+class PathsConfig:
+    """``paths`` group: where data and run outputs go (absolute after resolution)."""
+
+    root_dir: str = MISSING
+    data_dir: str = MISSING
+    log_dir: str = MISSING
+    output_dir: str = MISSING
+
+
+@dataclass
+class Config:
+    """The whole composed config (``conf/config.yaml``).
+
+    ``callbacks`` maps a name to a Lightning callback's ``_target_`` node; ``ckpt_path`` resumes
+    ``trainer.fit`` from a checkpoint when set.
+    """
+
+    data: DataConfig = MISSING
+    model: ModelConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    strategy: StrategyConfig = MISSING
+    logger: TensorBoardLoggerConfig = MISSING
+    callbacks: dict[str, Any] = field(default_factory=dict)
+    paths: PathsConfig = MISSING
+    seed: int = MISSING
+    ckpt_path: Optional[str] = None
+
+
+def register_configs() -> None:
+    """Store the schema in Hydra's ConfigStore as ``config_schema`` (named in ``conf/config.yaml``)."""
+    ConfigStore.instance().store(name="config_schema", node=Config)
