@@ -1,0 +1,131 @@
+"""The CNN and the LightningModule that trains it.
+
+Every DDP process builds the same module; Lightning wraps it in DistributedDataParallel, which
+averages gradients over the process group with AllReduce before each optimizer step.
+"""
+
+import inspect
+from collections.abc import Callable, Sequence
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+NUM_CLASSES = 10
+
+
+class CNN(nn.Module):
+    """Two 5x5 conv blocks and a two-layer classifier head (about 0.18 M parameters by default).
+
+    Shapes: input ``(N, 1, 28, 28)`` float32 -> conv/ReLU/max-pool ``(N, c1, 12, 12)`` ->
+    conv/ReLU/max-pool ``(N, c2, 4, 4)`` -> linear ``(N, hidden)`` -> dropout -> logits ``(N, 10)``.
+
+    Args:
+        channels: output channels ``(c1, c2)`` of the two conv layers (default ``(32, 64)``).
+        hidden: width of the hidden linear layer (default 128).
+        dropout: dropout probability before the last layer (default 0.5; 0 makes the net
+            deterministic, as the DDP equivalence checks need).
+    """
+
+    def __init__(self, channels: Sequence[int] = (32, 64), hidden: int = 128, dropout: float = 0.5) -> None:
+        super().__init__()
+        c1, c2 = channels
+        self.features = nn.Sequential(
+            nn.Conv2d(1, c1, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+        )  # fmt: skip
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(c2 * 4 * 4, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, NUM_CLASSES),
+        )  # fmt: skip
+
+    def forward(self, images: Tensor) -> Tensor:
+        """``(N, 1, 28, 28)`` float32 images -> ``(N, 10)`` float32 logits."""
+        return self.classifier(self.features(images))
+
+
+class MNISTClassifier(L.LightningModule):
+    """Trains ``net`` with cross-entropy and logs loss and accuracy.
+
+    Logged (TensorBoard tags): ``train/loss`` and ``train/acc`` every ``log_every_n_steps``
+    optimizer steps, measured on rank 0's micro-batch; ``val/loss``, ``val/acc``, ``test/loss``,
+    ``test/acc`` once per epoch, over every sample of the split (torchmetrics states are summed
+    over all processes before ``compute``, so each sample counts exactly once).
+
+    Args:
+        net: module mapping ``(N, 1, 28, 28)`` images to ``(N, 10)`` logits.
+        optimizer: ``functools.partial`` of a ``torch.optim.Optimizer`` missing only the parameters
+            (Hydra ``_partial_: true``).
+        scheduler: partial of a ``torch.optim.lr_scheduler`` missing only the optimizer, or None.
+            If it takes ``total_steps`` (``OneCycleLR``) and the config does not set it, it gets
+            the run's number of optimizer steps, which only the Trainer knows.
+        scheduler_interval: ``"step"`` or ``"epoch"``: how often the scheduler steps.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+        scheduler_interval: str = "step",
+    ) -> None:
+        super().__init__()
+        # No save_hyperparameters(): the partials would be pickled into every checkpoint, which then
+        # no longer loads with torch.load(weights_only=True). The run's composed config (saved by
+        # Hydra and logged by the entry point) is the record of how this module was built.
+        self.net = net
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.scheduler_interval = scheduler_interval
+        self.train_acc = MulticlassAccuracy(NUM_CLASSES, average="micro")
+        self.val_acc = MulticlassAccuracy(NUM_CLASSES, average="micro")
+        self.test_acc = MulticlassAccuracy(NUM_CLASSES, average="micro")
+        self.val_loss = MeanMetric()
+        self.test_loss = MeanMetric()
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.net(images)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        images, labels = batch
+        logits = self(images)
+        loss = F.cross_entropy(logits, labels)
+        self.train_acc(logits, labels)
+        # Per-step values stay local to each rank: syncing them would add an AllReduce to every step.
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        self.log("train/acc", self.train_acc, on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, self.val_loss, self.val_acc, "val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, self.test_loss, self.test_acc, "test")
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], loss_metric: MeanMetric, acc_metric: MulticlassAccuracy, split: str) -> None:
+        images, labels = batch
+        logits = self(images)
+        # Weighted by batch size, so the epoch value is the mean over samples even when the
+        # last batch, or one rank's shard, is smaller.
+        loss_metric.update(F.cross_entropy(logits, labels), weight=labels.numel())
+        acc_metric.update(logits, labels)
+        # Logging the metric objects makes Lightning call compute() (which syncs over all
+        # processes) once at the end of the epoch, not once per step.
+        self.log(f"{split}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=True)
+        self.log(f"{split}/acc", acc_metric, on_step=False, on_epoch=True, prog_bar=True)
+
+    def configure_optimizers(self) -> dict:
+        optimizer = self.optimizer_factory(params=self.parameters())
+        if self.scheduler_factory is None:
+            return {"optimizer": optimizer}
+        kwargs = {}
+        bound = getattr(self.scheduler_factory, "keywords", {})
+        if "total_steps" in inspect.signature(self.scheduler_factory).parameters and "total_steps" not in bound:
+            kwargs["total_steps"] = self.trainer.estimated_stepping_batches
+        scheduler = self.scheduler_factory(optimizer=optimizer, **kwargs)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval, "name": "train/lr"},
+        }
