@@ -1,0 +1,76 @@
+"""Entry point: ``python -m mnist_ddp.train [key=value ...]``.
+
+Composes the config from ``conf/``, builds the DataModule, model, callbacks, logger and DDP
+Trainer from it, trains, then tests the best checkpoint on the official 10,000-image test set.
+
+With ``trainer.devices=N`` Lightning's DDP strategy starts N - 1 more processes that re-run this
+command; each of them composes the same config, builds the same objects and joins the process
+group. All of them write into the one Hydra run directory of the first process.
+"""
+
+import logging
+
+import hydra
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from mnist_ddp.config import CONFIG_DIR, register_configs
+from mnist_ddp.distributed import per_device_batch_size, resolve_devices
+
+log = logging.getLogger(__name__)
+# Every process runs this file; messages about the whole run come from global rank 0 only.
+info = rank_zero_only(log.info)
+
+register_configs()
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> dict[str, float]:
+    """Train and test one run; returns the final test metrics (``test/loss``, ``test/acc``)."""
+    L.seed_everything(cfg.seed, workers=True)
+
+    # Build everything before any process launches, so a bad argument fails here, once.
+    datamodule: L.LightningDataModule = instantiate(cfg.data)
+    model: L.LightningModule = instantiate(cfg.model)
+    accelerator, devices = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
+    trainer: L.Trainer = instantiate(
+        cfg.trainer,
+        accelerator=accelerator,
+        devices=devices,
+        strategy=instantiate(cfg.strategy),
+        logger=instantiate(cfg.logger),
+        callbacks=[instantiate(callback) for callback in cfg.callbacks.values()],
+    )
+    # Refuse a global batch that does not split over the processes before any process launches.
+    world_size = trainer.num_nodes * trainer.num_devices
+    layout = {
+        "world_size": world_size,
+        "global_batch_size": cfg.data.global_batch_size,
+        "per_device_batch_size": per_device_batch_size(
+            cfg.data.global_batch_size, world_size, trainer.accumulate_grad_batches
+        ),
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+    }
+    info(
+        "Data parallel: world_size={world_size}, global batch {global_batch_size} = "
+        "{per_device_batch_size} per device x {world_size} processes x {accumulate_grad_batches} "
+        "accumulated micro-batches".format(**layout)
+    )
+    info(f"Run directory: {cfg.paths.output_dir}")
+    trainer.logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), **layout})
+
+    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    (metrics,) = trainer.test(model, datamodule=datamodule, ckpt_path="best")
+
+    info(
+        f"Test accuracy {metrics['test/acc']:.4f}, test loss {metrics['test/loss']:.4f} "
+        f"(best checkpoint {trainer.checkpoint_callback.best_model_path})"
+    )
+    info(f"Run directory: {cfg.paths.output_dir}")
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
