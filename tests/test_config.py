@@ -1,0 +1,44 @@
+"""The composed config and its schema: typos and wrong types are refused while composing."""
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from mnist_ddp.config import CONFIG_DIR, register_configs
+
+register_configs()
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_default_config_composes_every_group():
+    cfg = compose_config()
+    assert set(cfg) >= {"data", "model", "trainer", "strategy", "logger", "callbacks", "paths", "seed"}
+    assert cfg.data.global_batch_size == 128
+    assert cfg.trainer.devices == "auto" and cfg.trainer.use_distributed_sampler is False
+    assert cfg.strategy._target_ == "lightning.pytorch.strategies.DDPStrategy"
+    assert cfg.callbacks.model_checkpoint.monitor == "val/acc"
+
+
+def test_overrides_are_typed():
+    cfg = compose_config("data.global_batch_size=256", "trainer.max_epochs=5")
+    assert cfg.data.global_batch_size == 256 and cfg.trainer.max_epochs == 5
+
+
+@pytest.mark.parametrize("override", ["data.global_batchsize=64", "trainer.max_epoch=3", "strategy.bucket=25"])
+def test_a_mistyped_key_is_refused(override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigCompositionException, match=f"Could not override '{key}'"):
+        compose_config(override)
+
+
+@pytest.mark.parametrize("override", ["data.global_batch_size=big", "trainer.max_epochs=1.5", "trainer.sync_batchnorm=maybe"])
+def test_a_wrong_type_is_refused(override):
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_config(override)
+    assert isinstance(error.value.__cause__, ValidationError)
+    assert override.split("=")[1] in str(error.value.__cause__)

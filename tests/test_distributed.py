@@ -1,0 +1,57 @@
+"""Batch-size arithmetic and device resolution (no processes needed)."""
+
+import pytest
+import torch
+
+from mnist_ddp.distributed import CPU_PROCESSES_WHEN_AUTO, per_device_batch_size, resolve_devices
+
+
+@pytest.mark.parametrize(
+    ("global_batch", "world_size", "accumulate", "expected"),
+    [(128, 1, 1, 128), (128, 2, 1, 64), (128, 4, 1, 32), (128, 2, 2, 32), (96, 3, 1, 32), (6, 3, 2, 1)],
+)
+def test_per_device_batch_size_splits_the_global_batch(global_batch, world_size, accumulate, expected):
+    assert per_device_batch_size(global_batch, world_size, accumulate) == expected
+    assert expected * world_size * accumulate == global_batch
+
+
+def test_non_divisible_global_batch_is_refused_with_the_nearest_valid_sizes():
+    with pytest.raises(ValueError) as error:
+        per_device_batch_size(100, 3, 2)
+    message = str(error.value)
+    assert "data.global_batch_size=100" in message
+    assert "world_size=3" in message and "trainer.accumulate_grad_batches=2" in message
+    assert "multiple of 6" in message and "data.global_batch_size=96 or 102" in message
+
+
+def test_global_batch_smaller_than_the_process_count_is_refused():
+    with pytest.raises(ValueError, match="data.global_batch_size=4 or 8"):
+        per_device_batch_size(2, 4)
+
+
+@pytest.mark.parametrize(("name", "args"), [("data.global_batch_size", (0, 2, 1)), ("world_size", (8, 0, 1)),
+                                            ("trainer.accumulate_grad_batches", (8, 2, -1))])  # fmt: skip
+def test_values_below_one_are_refused(name, args):
+    with pytest.raises(ValueError, match=f"{name} must be at least 1"):
+        per_device_batch_size(*args)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback; this machine has CUDA")
+def test_auto_devices_without_cuda_give_two_cpu_processes():
+    assert resolve_devices("auto", "auto") == ("cpu", CPU_PROCESSES_WHEN_AUTO) == ("cpu", 2)
+    assert resolve_devices("cpu", "auto") == ("cpu", 2)
+
+
+def test_explicit_devices_pass_through():
+    assert resolve_devices("cpu", 4) == ("cpu", 4)
+    assert resolve_devices("gpu", [0, 1]) == ("gpu", [0, 1])
+    assert resolve_devices("cpu", 1) == ("cpu", 1)
+
+
+def test_auto_devices_with_cuda_use_every_gpu(monkeypatch):
+    # No GPU exists here: pretend CUDA is available to check that "auto" is left to Lightning
+    # (every visible GPU) instead of becoming the CPU process count.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_devices("auto", "auto") == ("auto", "auto")
+    assert resolve_devices("gpu", "auto") == ("gpu", "auto")
+    assert resolve_devices("cpu", "auto") == ("cpu", 2)

@@ -1,0 +1,84 @@
+"""End to end through the real command line: real DDP processes over gloo on CPU.
+
+Each run starts ``python -m mnist_ddp.train`` in a subprocess, which launches its second DDP
+process itself (Lightning's subprocess launcher), exactly as a user's run does.
+"""
+
+import re
+
+import pytest
+import torch
+import yaml
+
+from conftest import read_scalars, run_cli
+
+TAGS = {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "train/lr"}
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(synthetic_data_dir, tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("logs")
+    result = run_cli(
+        f"data.data_dir={synthetic_data_dir}",
+        "data.val_size=200",
+        "data.global_batch_size=64",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.max_epochs=2",
+        log_dir=log_dir,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return log_dir, result
+
+
+def test_run_writes_one_run_directory_shared_by_both_processes(synthetic_run):
+    log_dir, result = synthetic_run
+    runs = list((log_dir / "runs").iterdir())
+    assert len(runs) == 1, runs
+    run = runs[0]
+    # Rank 1 was started by Lightning with Hydra's run dir pointed at rank 0's.
+    assert (run / "train_ddp_process_1.log").is_file()
+    assert f"Run directory: {run}" in result.stdout + result.stderr
+    assert "world_size=2, global batch 64 = 32 per device x 2 processes" in result.stdout + result.stderr
+    assert yaml.safe_load((run / ".hydra" / "config.yaml").read_text())["trainer"]["devices"] == 2
+
+
+def test_checkpoints_hold_the_trained_model(synthetic_run):
+    log_dir, _ = synthetic_run
+    (run,) = (log_dir / "runs").iterdir()
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert checkpoints == ["epoch_000.ckpt", "last.ckpt"] or checkpoints == ["epoch_001.ckpt", "last.ckpt"]
+    # weights_only: a checkpoint of this template is plain tensors and containers, no pickled code.
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    # 1,000 training images, 500 per rank, 16 micro-batches of 32 per epoch, 2 epochs.
+    assert last["epoch"] == 1 and last["global_step"] == 2 * 16
+    assert last["state_dict"]["net.features.0.weight"].shape == (32, 1, 5, 5)
+
+
+def test_tensorboard_events_hold_every_tag_and_the_test_accuracy(synthetic_run):
+    log_dir, result = synthetic_run
+    (run,) = (log_dir / "runs").iterdir()
+    scalars = read_scalars(run / "tensorboard")
+    assert TAGS <= scalars.keys(), TAGS - scalars.keys()
+    assert len(scalars["val/acc"]) == 2, "one val/acc per epoch"
+    (test_acc,) = scalars["test/acc"]
+    # The synthetic digits are easy: a working DDP training loop gets nearly all of them right.
+    assert test_acc >= 0.95
+    printed = re.search(r"Test accuracy (\d\.\d{4})", result.stdout + result.stderr)
+    assert printed and float(printed.group(1)) == pytest.approx(test_acc, abs=5e-5)
+    hparams = yaml.safe_load((run / "tensorboard" / "hparams.yaml").read_text())
+    assert hparams["world_size"] == 2 and hparams["per_device_batch_size"] == 32
+    assert hparams["data"]["global_batch_size"] == 64
+
+
+def test_non_divisible_global_batch_is_refused_before_any_process_launches(synthetic_data_dir, tmp_path):
+    result = run_cli(
+        f"data.data_dir={synthetic_data_dir}", "trainer.accelerator=cpu", "trainer.devices=2",
+        "data.global_batch_size=63", log_dir=tmp_path,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "data.global_batch_size=63 does not split evenly over world_size=2" in result.stderr
+    assert "data.global_batch_size=62 or 64" in result.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    assert not (run / "train_ddp_process_1.log").exists(), "a second process was launched"
+    assert not (run / "checkpoints").exists()
