@@ -52,10 +52,10 @@ def mnist_data_dir() -> Path:
     return path
 
 
-def run_cli(*overrides: str, log_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_cli(*overrides: str, log_dir: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``python -m mnist_ddp.train`` with Hydra overrides, as a user would, writing under ``log_dir``."""
     command = [sys.executable, "-m", "mnist_ddp.train", f"paths.log_dir={log_dir}", *overrides]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
 
 def read_scalars(event_dir: Path) -> dict[str, list[float]]:

@@ -14,7 +14,8 @@ import pytest
 import torch
 from torchvision.datasets import MNIST
 
-from mnist_ddp.data import MNIST_FILES, MNIST_MEAN, MNIST_STD, MNISTDataModule, MNISTNotAvailableError
+from mnist_ddp.data import MNIST_FILES, MNIST_MEAN, MNIST_STD, MNISTDataModule
+from mnist_ddp.errors import DataNotAvailableError
 
 VAL_SIZE = 150  # of 1,200 synthetic training images; divides by neither 7 nor 8
 
@@ -121,7 +122,7 @@ def test_prepare_data_without_files_or_network_names_folder_and_files(tmp_path, 
     # so this test behaves the same on a machine that has internet access.
     monkeypatch.setattr(MNIST, "mirrors", ["http://127.0.0.1:9/"])
     data_dir = tmp_path / "data"
-    with pytest.raises(MNISTNotAvailableError) as error:
+    with pytest.raises(DataNotAvailableError) as error:
         MNISTDataModule(str(data_dir)).prepare_data()
     message = str(error.value)
     assert str(data_dir / "MNIST" / "raw") in message

@@ -76,9 +76,27 @@ def test_non_divisible_global_batch_is_refused_before_any_process_launches(synth
         f"data.data_dir={synthetic_data_dir}", "trainer.accelerator=cpu", "trainer.devices=2",
         "data.global_batch_size=63", log_dir=tmp_path,
     )  # fmt: skip
-    assert result.returncode != 0
-    assert "data.global_batch_size=63 does not split evenly over world_size=2" in result.stderr
-    assert "data.global_batch_size=62 or 64" in result.stderr
+    output = result.stdout + result.stderr
+    assert result.returncode == 1
+    assert "BatchSizeError: data.global_batch_size=63 does not split evenly over world_size=2" in output
+    assert "data.global_batch_size=62 or 64" in output
+    assert "Traceback" not in output, "a usage error is one message, not a traceback"
     (run,) = (tmp_path / "runs").iterdir()
     assert not (run / "train_ddp_process_1.log").exists(), "a second process was launched"
     assert not (run / "checkpoints").exists()
+
+
+def test_missing_data_without_network_is_one_error_before_any_process_launches(tmp_path):
+    # No network, on any machine: urllib sends every download through this closed local proxy port.
+    no_network = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "no_proxy": ""}
+    data_dir = tmp_path / "data"
+    result = run_cli(f"data.data_dir={data_dir}", "trainer.accelerator=cpu", "trainer.devices=2",
+                     log_dir=tmp_path / "logs", env=no_network)  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1
+    assert f"DataNotAvailableError: MNIST is missing from {data_dir / 'MNIST' / 'raw'}" in output
+    assert "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte" in output
+    assert "Traceback" not in output
+    assert [p for p in data_dir.rglob("*") if p.is_file()] == [], "no partial file may be left"
+    (run,) = (tmp_path / "logs" / "runs").iterdir()
+    assert not (run / "train_ddp_process_1.log").exists(), "a second process was launched"

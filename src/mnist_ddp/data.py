@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 from torchvision.datasets import MNIST
 
 from mnist_ddp.distributed import per_device_batch_size
+from mnist_ddp.errors import ConfigValueError, DataNotAvailableError
 
 #: The four files of the original data set (http://yann.lecun.com/exdb/mnist/), uncompressed,
 #: as torchvision expects them in ``<data_dir>/MNIST/raw/``.
@@ -36,10 +37,6 @@ MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081
 
 
-class MNISTNotAvailableError(FileNotFoundError):
-    """The MNIST IDX files are neither on disk nor downloadable."""
-
-
 def ensure_mnist_files(data_dir: Path) -> Path:
     """Make sure ``data_dir/MNIST/raw/`` holds :data:`MNIST_FILES`, downloading them if needed.
 
@@ -51,7 +48,7 @@ def ensure_mnist_files(data_dir: Path) -> Path:
         The ``MNIST/raw`` folder.
 
     Raises:
-        MNISTNotAvailableError: if files are missing and the download fails (no network, or the
+        DataNotAvailableError: if files are missing and the download fails (no network, or the
             folder is not writable). The message names the folder and the four files.
     """
     raw = Path(data_dir) / "MNIST" / "raw"
@@ -66,9 +63,9 @@ def ensure_mnist_files(data_dir: Path) -> Path:
             for name in MNIST_FILES:
                 os.replace(Path(tmp) / "MNIST" / "raw" / name, raw / name)
     except (OSError, RuntimeError) as err:
-        raise MNISTNotAvailableError(
+        raise DataNotAvailableError(
             f"MNIST is missing from {raw} ({', '.join(missing)} not found) and could not be downloaded: "
-            f"{str(err).strip().splitlines()[0]}\n"
+            f"{str(err).strip().splitlines()[-1]}\n"
             f"Put the four uncompressed IDX files {', '.join(MNIST_FILES)} into {raw}, "
             f"or point data.data_dir at a folder that has them in MNIST/raw/, "
             f"or run once on a machine with internet access."
@@ -103,9 +100,9 @@ class MNISTDataModule(L.LightningDataModule):
             already in memory.
 
     Raises:
-        ValueError: from :meth:`setup` when ``val_size`` leaves no training images, and from
-            :func:`mnist_ddp.distributed.per_device_batch_size` for a global batch that does not
-            split evenly over the processes.
+        ConfigValueError: from :meth:`setup` when ``val_size`` leaves no training images.
+        BatchSizeError: from the dataloaders, for a global batch that does not split evenly
+            over the processes (see :func:`mnist_ddp.distributed.per_device_batch_size`).
     """
 
     def __init__(
@@ -133,7 +130,7 @@ class MNISTDataModule(L.LightningDataModule):
             full = load_mnist(self.data_dir, train=True)
             val_size = self.hparams.val_size
             if not 0 < val_size < len(full):
-                raise ValueError(f"data.val_size={val_size} must be between 1 and {len(full) - 1}.")
+                raise ConfigValueError(f"data.val_size={val_size} must be between 1 and {len(full) - 1}.")
             # Same generator seed on every rank and every stage -> the same split everywhere.
             order = torch.randperm(len(full), generator=torch.Generator().manual_seed(self.hparams.split_seed))
             images, labels = full.tensors

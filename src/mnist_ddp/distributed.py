@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from mnist_ddp.errors import BatchSizeError
+
 #: Processes started on a machine without CUDA when ``trainer.devices=auto``, so that the default
 #: command runs real DDP (two gloo processes) on any machine.
 CPU_PROCESSES_WHEN_AUTO = 2
@@ -46,7 +48,7 @@ def per_device_batch_size(global_batch_size: int, world_size: int, accumulate_gr
         accumulate_grad_batches: micro-batches accumulated per optimizer step (``trainer.accumulate_grad_batches``).
 
     Raises:
-        ValueError: if any argument is below 1, or ``global_batch_size`` is not divisible by
+        BatchSizeError: (a ValueError) if any argument is below 1, or ``global_batch_size`` is not divisible by
             ``world_size * accumulate_grad_batches``; the message names the nearest valid sizes.
     """
     for name, value in [
@@ -55,11 +57,11 @@ def per_device_batch_size(global_batch_size: int, world_size: int, accumulate_gr
         ("trainer.accumulate_grad_batches", accumulate_grad_batches),
     ]:
         if value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}.")
+            raise BatchSizeError(f"{name} must be at least 1, got {value}.")
     split = world_size * accumulate_grad_batches
     if global_batch_size % split:
         lower = max(split, global_batch_size // split * split)
-        raise ValueError(
+        raise BatchSizeError(
             f"data.global_batch_size={global_batch_size} does not split evenly over world_size={world_size} "
             f"processes x trainer.accumulate_grad_batches={accumulate_grad_batches}: it must be a multiple of "
             f"{split}. Use data.global_batch_size={lower} or {lower + split}."

@@ -9,6 +9,7 @@ group. All of them write into the one Hydra run directory of the first process.
 """
 
 import logging
+import sys
 
 import hydra
 import lightning as L
@@ -18,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mnist_ddp.config import CONFIG_DIR, register_configs
 from mnist_ddp.distributed import per_device_batch_size, resolve_devices
+from mnist_ddp.errors import UsageError
 
 log = logging.getLogger(__name__)
 # Every process runs this file; messages about the whole run come from global rank 0 only.
@@ -26,9 +28,12 @@ info = rank_zero_only(log.info)
 register_configs()
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> dict[str, float]:
-    """Train and test one run; returns the final test metrics (``test/loss``, ``test/acc``)."""
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Train and test one run; returns the final test metrics (``test/loss``, ``test/acc``).
+
+    Raises:
+        UsageError: for a config value or data folder the user must fix (message says how).
+    """
     L.seed_everything(cfg.seed, workers=True)
 
     # Build everything before any process launches, so a bad argument fails here, once.
@@ -43,7 +48,6 @@ def main(cfg: DictConfig) -> dict[str, float]:
         logger=instantiate(cfg.logger),
         callbacks=[instantiate(callback) for callback in cfg.callbacks.values()],
     )
-    # Refuse a global batch that does not split over the processes before any process launches.
     world_size = trainer.num_nodes * trainer.num_devices
     layout = {
         "world_size": world_size,
@@ -59,6 +63,11 @@ def main(cfg: DictConfig) -> dict[str, float]:
         "accumulated micro-batches".format(**layout)
     )
     info(f"Run directory: {cfg.paths.output_dir}")
+    if not trainer.strategy.cluster_environment.creates_processes_externally:
+        # Lightning will start the other processes itself, so this one is alone for now: fetch
+        # the data here, and missing data fails before any process launches. (fit calls
+        # prepare_data again, on local rank 0 of each node; a no-op once the files are there.)
+        datamodule.prepare_data()
     trainer.logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), **layout})
 
     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
@@ -70,6 +79,17 @@ def main(cfg: DictConfig) -> dict[str, float]:
     )
     info(f"Run directory: {cfg.paths.output_dir}")
     return metrics
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> dict[str, float]:
+    """Hydra's entry point: :func:`train`, with usage errors reported as one line and exit status 1."""
+    try:
+        return train(cfg)
+    except UsageError as error:
+        # Lightning has already stopped the other processes when this comes out of fit/test.
+        log.error(f"{type(error).__name__}: {error}")
+        sys.exit(1)
 
 
 if __name__ == "__main__":
