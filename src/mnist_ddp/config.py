@@ -16,6 +16,9 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from mnist_ddp.distributed import LRScaling
+from mnist_ddp.strategy import CommHook
+
 #: ``conf/`` at the repository root; the entry points read their configs from here.
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -86,15 +89,34 @@ class TrainerConfig:
 
 @dataclass
 class StrategyConfig:
-    """``strategy`` group: arguments of ``lightning.pytorch.strategies.DDPStrategy``.
+    """``strategy`` group: arguments of :class:`mnist_ddp.strategy.CommHookDDPStrategy`.
 
+    Values come from ``conf/strategy/*.yaml``; the README's table gives each default and meaning.
     ``process_group_backend`` ``None`` lets Lightning choose: NCCL on CUDA devices, gloo on CPU.
+    ``timeout`` is a ``datetime.timedelta`` node (``_target_``), so Hydra builds it.
     """
 
-    _target_: str = "lightning.pytorch.strategies.DDPStrategy"
+    _target_: str = "mnist_ddp.strategy.CommHookDDPStrategy"
     process_group_backend: Optional[str] = None
+    timeout: Any = None
     start_method: str = "popen"
     find_unused_parameters: bool = False
+    static_graph: bool = False
+    gradient_as_bucket_view: bool = False
+    bucket_cap_mb: float = 25.0
+    broadcast_buffers: bool = True
+    comm_hook: CommHook = CommHook.none
+    powersgd_rank: int = 1
+    powersgd_start_iter: int = 10
+
+
+@dataclass
+class LRScalingConfig:
+    """``lr_scaling``: ``model.optimizer.lr`` is the rate at ``reference_batch_size``; see
+    :func:`mnist_ddp.distributed.scale_learning_rate`."""
+
+    rule: LRScaling = LRScaling.none
+    reference_batch_size: int = 128
 
 
 @dataclass
@@ -134,6 +156,7 @@ class Config:
     logger: TensorBoardLoggerConfig = MISSING
     callbacks: dict[str, Any] = field(default_factory=dict)
     paths: PathsConfig = MISSING
+    lr_scaling: LRScalingConfig = field(default_factory=LRScalingConfig)
     seed: int = MISSING
     ckpt_path: Optional[str] = None
 

@@ -9,11 +9,13 @@ samples. The user sets the global batch size (what the learning rate is tuned fo
 module derives the per-device batch size and refuses a global batch that does not split evenly.
 """
 
+import math
+from enum import Enum
 from typing import Any
 
 import torch
 
-from mnist_ddp.errors import BatchSizeError
+from mnist_ddp.errors import BatchSizeError, ConfigValueError
 
 #: Processes started on a machine without CUDA when ``trainer.devices=auto``, so that the default
 #: command runs real DDP (two gloo processes) on any machine.
@@ -67,3 +69,58 @@ def per_device_batch_size(global_batch_size: int, world_size: int, accumulate_gr
             f"{split}. Use data.global_batch_size={lower} or {lower + split}."
         )
     return global_batch_size // split
+
+
+class LRScaling(str, Enum):
+    """How the learning rate follows the global batch size (``lr_scaling.rule``).
+
+    - ``none``: ``model.optimizer.lr`` as configured.
+    - ``linear``: lr x global / reference (Goyal et al., 2017, https://arxiv.org/abs/1706.02677).
+    - ``sqrt``: lr x sqrt(global / reference) (Krizhevsky, 2014, https://arxiv.org/abs/1404.5997),
+      milder, often better for adaptive optimizers such as Adam.
+    """
+
+    none = "none"
+    linear = "linear"
+    sqrt = "sqrt"
+
+
+def scale_learning_rate(lr: float, global_batch_size: int, reference_batch_size: int, rule: str) -> float:
+    """The learning rate for ``global_batch_size``, given ``lr`` tuned at ``reference_batch_size``.
+
+    Raises:
+        ConfigValueError: if ``reference_batch_size < 1`` or ``rule`` is not an :class:`LRScaling`.
+    """
+    if reference_batch_size < 1:
+        raise ConfigValueError(f"lr_scaling.reference_batch_size={reference_batch_size} must be at least 1.")
+    ratio = global_batch_size / reference_batch_size
+    factors = {LRScaling.none: 1.0, LRScaling.linear: ratio, LRScaling.sqrt: math.sqrt(ratio)}
+    try:
+        return lr * factors[LRScaling(rule)]
+    except ValueError:
+        raise ConfigValueError(f"lr_scaling.rule={rule} is not one of: none, linear, sqrt.") from None
+
+
+def check_device_options(device_type: str, process_group_backend: str | None, sync_batchnorm: bool) -> None:
+    """Refuse, before any process launches, options that cannot work on this kind of device.
+
+    Args:
+        device_type: ``"cuda"`` or ``"cpu"``, the type of the Trainer's root device.
+        process_group_backend: ``strategy.process_group_backend`` (None: Lightning's choice).
+        sync_batchnorm: ``trainer.sync_batchnorm``.
+
+    Raises:
+        ConfigValueError: NCCL without CUDA devices, or SyncBatchNorm without CUDA devices
+            (torch's SyncBatchNorm refuses CPU tensors in training).
+    """
+    if process_group_backend == "nccl" and device_type != "cuda":
+        raise ConfigValueError(
+            f"strategy.process_group_backend=nccl needs CUDA devices, but this run is on {device_type}. "
+            "Use strategy.process_group_backend=null (gloo on CPU), or run on GPUs with trainer.accelerator=gpu."
+        )
+    if sync_batchnorm and device_type != "cuda":
+        raise ConfigValueError(
+            f"trainer.sync_batchnorm=true needs GPUs: torch's SyncBatchNorm runs only on CUDA tensors, and this run "
+            f"is on {device_type}. Set trainer.sync_batchnorm=false (each process then normalizes with the "
+            "statistics of its own micro-batch)."
+        )

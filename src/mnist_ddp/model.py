@@ -20,23 +20,29 @@ NUM_CLASSES = 10
 class CNN(nn.Module):
     """Two 5x5 conv blocks and a two-layer classifier head (about 0.18 M parameters by default).
 
-    Shapes: input ``(N, 1, 28, 28)`` float32 -> conv/ReLU/max-pool ``(N, c1, 12, 12)`` ->
-    conv/ReLU/max-pool ``(N, c2, 4, 4)`` -> linear ``(N, hidden)`` -> dropout -> logits ``(N, 10)``.
+    Shapes: input ``(N, 1, 28, 28)`` float32 -> conv/[BatchNorm]/ReLU/max-pool ``(N, c1, 12, 12)`` ->
+    conv/[BatchNorm]/ReLU/max-pool ``(N, c2, 4, 4)`` -> linear ``(N, hidden)`` -> dropout -> logits ``(N, 10)``.
 
     Args:
         channels: output channels ``(c1, c2)`` of the two conv layers (default ``(32, 64)``).
         hidden: width of the hidden linear layer (default 128).
         dropout: dropout probability before the last layer (default 0.5; 0 makes the net
             deterministic, as the DDP equivalence checks need).
+        batch_norm: BatchNorm2d after each conv (default False). Under DDP each process normalizes
+            with its own micro-batch's statistics unless ``trainer.sync_batchnorm=true`` (GPUs only).
     """
 
-    def __init__(self, channels: Sequence[int] = (32, 64), hidden: int = 128, dropout: float = 0.5) -> None:
+    def __init__(
+        self, channels: Sequence[int] = (32, 64), hidden: int = 128, dropout: float = 0.5, batch_norm: bool = False
+    ) -> None:
         super().__init__()
         c1, c2 = channels
-        self.features = nn.Sequential(
-            nn.Conv2d(1, c1, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
-        )  # fmt: skip
+
+        def block(c_in: int, c_out: int) -> list[nn.Module]:
+            norm = [nn.BatchNorm2d(c_out)] if batch_norm else []
+            return [nn.Conv2d(c_in, c_out, kernel_size=5), *norm, nn.ReLU(), nn.MaxPool2d(2)]
+
+        self.features = nn.Sequential(*block(1, c1), *block(c1, c2))
         self.classifier = nn.Sequential(
             nn.Flatten(), nn.Linear(c2 * 4 * 4, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, NUM_CLASSES),
         )  # fmt: skip
@@ -58,7 +64,8 @@ class MNISTClassifier(L.LightningModule):
         net: module mapping ``(N, 1, 28, 28)`` images to ``(N, 10)`` logits.
         optimizer: ``functools.partial`` of a ``torch.optim.Optimizer`` missing only the parameters
             (Hydra ``_partial_: true``).
-        scheduler: partial of a ``torch.optim.lr_scheduler`` missing only the optimizer, or None.
+        scheduler: partial of a ``torch.optim.lr_scheduler`` missing only the optimizer, or None
+            (constant learning rate).
             If it takes ``total_steps`` (``OneCycleLR``) and the config does not set it, it gets
             the run's number of optimizer steps, which only the Trainer knows.
         scheduler_interval: ``"step"`` or ``"epoch"``: how often the scheduler steps.
@@ -119,12 +126,14 @@ class MNISTClassifier(L.LightningModule):
     def configure_optimizers(self) -> dict:
         optimizer = self.optimizer_factory(params=self.parameters())
         if self.scheduler_factory is None:
-            return {"optimizer": optimizer}
-        kwargs = {}
-        bound = getattr(self.scheduler_factory, "keywords", {})
-        if "total_steps" in inspect.signature(self.scheduler_factory).parameters and "total_steps" not in bound:
-            kwargs["total_steps"] = self.trainer.estimated_stepping_batches
-        scheduler = self.scheduler_factory(optimizer=optimizer, **kwargs)
+            # A constant schedule, so that LearningRateMonitor logs the rate as train/lr either way.
+            scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
+        else:
+            kwargs = {}
+            bound = getattr(self.scheduler_factory, "keywords", {})
+            if "total_steps" in inspect.signature(self.scheduler_factory).parameters and "total_steps" not in bound:
+                kwargs["total_steps"] = self.trainer.estimated_stepping_batches
+            scheduler = self.scheduler_factory(optimizer=optimizer, **kwargs)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval, "name": "train/lr"},

@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from mnist_ddp.config import CONFIG_DIR, register_configs
-from mnist_ddp.distributed import per_device_batch_size, resolve_devices
+from mnist_ddp.distributed import check_device_options, per_device_batch_size, resolve_devices, scale_learning_rate
 from mnist_ddp.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """
     L.seed_everything(cfg.seed, workers=True)
 
+    base_lr = cfg.model.optimizer.lr
+    cfg.model.optimizer.lr = scale_learning_rate(
+        base_lr, cfg.data.global_batch_size, cfg.lr_scaling.reference_batch_size, cfg.lr_scaling.rule
+    )
+
     # Build everything before any process launches, so a bad argument fails here, once.
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     model: L.LightningModule = instantiate(cfg.model)
@@ -48,6 +53,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         logger=instantiate(cfg.logger),
         callbacks=[instantiate(callback) for callback in cfg.callbacks.values()],
     )
+    check_device_options(
+        trainer.strategy.root_device.type, cfg.strategy.process_group_backend, cfg.trainer.sync_batchnorm
+    )
     world_size = trainer.num_nodes * trainer.num_devices
     layout = {
         "world_size": world_size,
@@ -56,11 +64,16 @@ def train(cfg: DictConfig) -> dict[str, float]:
             cfg.data.global_batch_size, world_size, trainer.accumulate_grad_batches
         ),
         "accumulate_grad_batches": trainer.accumulate_grad_batches,
+        "effective_lr": cfg.model.optimizer.lr,
     }
     info(
         "Data parallel: world_size={world_size}, global batch {global_batch_size} = "
         "{per_device_batch_size} per device x {world_size} processes x {accumulate_grad_batches} "
         "accumulated micro-batches".format(**layout)
+    )
+    info(
+        f"Learning rate {cfg.model.optimizer.lr:g} (model.optimizer.lr={base_lr:g} at batch "
+        f"{cfg.lr_scaling.reference_batch_size}, lr_scaling.rule={cfg.lr_scaling.rule.value})"
     )
     info(f"Run directory: {cfg.paths.output_dir}")
     if not trainer.strategy.cluster_environment.creates_processes_externally:

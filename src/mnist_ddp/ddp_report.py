@@ -1,0 +1,79 @@
+"""A callback that reports the DDP settings in effect, read back from the live objects.
+
+What a config asks for and what a run does can differ (a key Lightning drops, a hook it does
+not register on CPU). This report reads each setting from the process group and the
+``DistributedDataParallel`` wrapper themselves, so the run directory records what really ran.
+"""
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import lightning as L
+import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_only
+
+log = logging.getLogger(__name__)
+
+
+class DDPSettingsReport(L.Callback):
+    """On global rank 0, write the DDP settings in effect to ``path`` (JSON) and to the log.
+
+    Written when training starts, and again once DDP has rebuilt its gradient buckets (at the
+    second training step, in the order gradients became ready in the first), so that
+    ``bucket_sizes_bytes`` shows the buckets the run really AllReduces.
+
+    Keys: ``backend``, ``world_size``, ``timeout_s`` (process group timeout, seconds),
+    ``master_port`` (rendezvous port), ``comm_hook`` (the registered hook's name, or ``"none"``),
+    ``find_unused_parameters``, ``static_graph``, ``gradient_as_bucket_view``,
+    ``broadcast_buffers``, ``bucket_cap_mb`` (MiB), ``bucket_sizes_bytes`` (one entry per gradient
+    bucket, bytes; a tensor larger than the cap gets a bucket of its own), ``sync_batchnorm``
+    (whether the model holds SyncBatchNorm layers).
+
+    Args:
+        path: the JSON file to write (the default config puts it in the run directory as ``ddp.json``).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self._buckets_rebuilt = False
+
+    @rank_zero_only
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write(trainer)
+
+    @rank_zero_only
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        if not self._buckets_rebuilt and self._logging_data(trainer).get("has_rebuilt_buckets"):
+            self._buckets_rebuilt = True
+            self._write(trainer)
+
+    @staticmethod
+    def _logging_data(trainer: L.Trainer) -> dict:
+        # DDP's own record of its constructor arguments, registered hook and buckets.
+        return trainer.strategy.model._get_ddp_logging_data()
+
+    def _write(self, trainer: L.Trainer) -> None:
+        ddp = trainer.strategy.model  # the DistributedDataParallel wrapper while fitting
+        data = self._logging_data(trainer)
+        buckets = data["rebuilt_bucket_sizes"] if data.get("has_rebuilt_buckets") else data["bucket_sizes"]
+        # The timeout the process group was built with; torch exposes it only on the backend object.
+        timeout = dist.group.WORLD._get_backend(trainer.strategy.root_device).options._timeout
+        settings = {
+            "backend": dist.get_backend(),
+            "world_size": dist.get_world_size(),
+            "timeout_s": timeout.total_seconds(),
+            "master_port": int(os.environ["MASTER_PORT"]),
+            "comm_hook": data.get("comm_hook") or "none",
+            "find_unused_parameters": ddp.find_unused_parameters,
+            "static_graph": ddp.static_graph,
+            "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
+            "broadcast_buffers": ddp.broadcast_buffers,
+            "bucket_cap_mb": ddp.bucket_bytes_cap / 2**20,
+            "bucket_sizes_bytes": [int(size) for size in str(buckets).split(",")],
+            "sync_batchnorm": bool(data.get("has_sync_bn")),
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(settings, indent=2) + "\n")
+        log.info("DDP settings in effect: " + ", ".join(f"{key}={value}" for key, value in settings.items()))
