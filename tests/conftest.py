@@ -18,11 +18,15 @@ def write_idx(path: Path, array: np.ndarray) -> None:
     path.write_bytes(header + array.astype(np.uint8).tobytes())
 
 
-def make_synthetic_mnist(root: Path, n_train: int = 1200, n_test: int = 300, seed: int = 0) -> Path:
+def make_synthetic_mnist(
+    root: Path, n_train: int = 1200, n_test: int = 300, label_noise: float = 0.0, seed: int = 0
+) -> Path:
     """MNIST-shaped IDX files in ``root/MNIST/raw/`` that a CNN learns in a few steps.
 
-    Each image is faint noise plus a bright 6x6 square whose position encodes the label (0..9),
+    Each image is faint noise plus a bright 6x6 patch whose position encodes its class (0..9),
     so the real loading code runs and a working training loop reaches high accuracy quickly.
+    A fraction ``label_noise`` of the labels is replaced by random classes, which keeps the
+    accuracy below 100% (so that counting a sample twice would change it).
     """
     rng = np.random.default_rng(seed)
     raw = root / "MNIST" / "raw"
@@ -32,7 +36,11 @@ def make_synthetic_mnist(root: Path, n_train: int = 1200, n_test: int = 300, see
         images = rng.integers(0, 60, (n, 28, 28))
         for i, label in enumerate(labels):
             r, c = 3 + (label // 5) * 14, 1 + (label % 5) * 5
-            images[i, r : r + 6, c : c + 6] = 255
+            # Bright but not flat: identical patches would make exactly tied max-pool inputs, whose
+            # argmax (and so the gradient) flips with float rounding, and equivalence checks with it.
+            images[i, r : r + 6, c : c + 6] = rng.integers(190, 256, (6, 6))
+        noisy = rng.random(n) < label_noise
+        labels[noisy] = rng.integers(0, 10, noisy.sum())
         write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
         write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
     return root
@@ -52,10 +60,22 @@ def mnist_data_dir() -> Path:
     return path
 
 
+def cli_command(*overrides: str, log_dir: Path) -> list[str]:
+    """``python -m mnist_ddp.train`` with Hydra overrides, writing under ``log_dir``."""
+    return [sys.executable, "-m", "mnist_ddp.train", f"paths.log_dir={log_dir}", *overrides]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment for a CLI run: this one, plus tests/ on PYTHONPATH so that a run can load the
+    test-only callbacks of ``probes.py`` through Hydra overrides (``+callbacks.x._target_=probes...``)."""
+    path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def run_cli(*overrides: str, log_dir: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m mnist_ddp.train`` with Hydra overrides, as a user would, writing under ``log_dir``."""
-    command = [sys.executable, "-m", "mnist_ddp.train", f"paths.log_dir={log_dir}", *overrides]
-    return subprocess.run(command, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    """Run the training command as a user would, wait for it, and capture its output."""
+    command = cli_command(*overrides, log_dir=log_dir)
+    return subprocess.run(command, cwd=REPO, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
 
 
 def read_scalars(event_dir: Path) -> dict[str, list[float]]:

@@ -20,7 +20,7 @@ def test_default_config_composes_every_group():
     assert set(cfg) >= {"data", "model", "trainer", "strategy", "logger", "callbacks", "paths", "seed"}
     assert cfg.data.global_batch_size == 128
     assert cfg.trainer.devices == "auto" and cfg.trainer.use_distributed_sampler is False
-    assert cfg.strategy._target_ == "lightning.pytorch.strategies.DDPStrategy"
+    assert cfg.strategy._target_ == "mnist_ddp.strategy.CommHookDDPStrategy"
     assert cfg.callbacks.model_checkpoint.monitor == "val/acc"
 
 
@@ -42,3 +42,18 @@ def test_a_wrong_type_is_refused(override):
         compose_config(override)
     assert isinstance(error.value.__cause__, ValidationError)
     assert override.split("=")[1] in str(error.value.__cause__)
+
+
+@pytest.mark.parametrize(("option", "start_method", "backend"), [("ddp", "popen", None), ("ddp_spawn", "spawn", None), ("ddp_nccl", "popen", "nccl")])
+def test_strategy_options_compose(option, start_method, backend):
+    cfg = compose_config(f"strategy={option}")
+    assert cfg.strategy.start_method == start_method and cfg.strategy.process_group_backend == backend
+    assert cfg.strategy.timeout.seconds == 1800 and cfg.strategy.comm_hook.value == "none"
+
+
+@pytest.mark.parametrize(("override", "allowed"), [("strategy.comm_hook=fp32", "none, fp16, bf16, powersgd"),
+                                                   ("lr_scaling.rule=cubic", "none, linear, sqrt")])  # fmt: skip
+def test_an_unknown_choice_is_refused_with_the_allowed_values(override, allowed):
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_config(override)
+    assert f"expected one of [{allowed}]" in str(error.value.__cause__)

@@ -1,9 +1,11 @@
-"""Batch-size arithmetic and device resolution (no processes needed)."""
+"""Batch-size arithmetic, device defaults, LR scaling and strategy options (no processes needed)."""
 
 import pytest
 import torch
 
-from mnist_ddp.distributed import CPU_PROCESSES_WHEN_AUTO, per_device_batch_size, resolve_devices
+from mnist_ddp.distributed import CPU_PROCESSES_WHEN_AUTO, per_device_batch_size, resolve_devices, scale_learning_rate
+from mnist_ddp.errors import ConfigValueError
+from mnist_ddp.strategy import CommHook, CommHookDDPStrategy
 
 
 @pytest.mark.parametrize(
@@ -55,3 +57,38 @@ def test_auto_devices_with_cuda_use_every_gpu(monkeypatch):
     assert resolve_devices("auto", "auto") == ("auto", "auto")
     assert resolve_devices("gpu", "auto") == ("gpu", "auto")
     assert resolve_devices("cpu", "auto") == ("cpu", 2)
+
+
+@pytest.mark.parametrize(
+    ("rule", "global_batch", "expected"),
+    [("none", 512, 0.1), ("linear", 512, 0.4), ("linear", 64, 0.05), ("sqrt", 512, 0.2), ("sqrt", 32, 0.05)],
+)
+def test_learning_rate_follows_the_global_batch(rule, global_batch, expected):
+    assert scale_learning_rate(0.1, global_batch, 128, rule) == pytest.approx(expected)
+
+
+def test_bad_lr_scaling_is_refused():
+    with pytest.raises(ConfigValueError, match="lr_scaling.rule=cubic is not one of: none, linear, sqrt"):
+        scale_learning_rate(0.1, 128, 128, "cubic")
+    with pytest.raises(ConfigValueError, match="lr_scaling.reference_batch_size=0 must be at least 1"):
+        scale_learning_rate(0.1, 128, 0, "linear")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"comm_hook": "fp32"}, "strategy.comm_hook=fp32 is not one of: none, fp16, bf16, powersgd"),
+        ({"comm_hook": "powersgd", "powersgd_start_iter": 1}, "strategy.powersgd_start_iter=1 must be at least 2"),
+        ({"comm_hook": "powersgd", "powersgd_rank": 0}, "strategy.powersgd_rank=0 must be at least 1"),
+        ({"comm_hook": "fp16", "process_group_backend": "mpi"}, "supported here on the gloo and nccl backends"),
+    ],
+)
+def test_bad_communication_hook_settings_are_refused(kwargs, message):
+    with pytest.raises(ConfigValueError, match=message):
+        CommHookDDPStrategy(**kwargs)
+
+
+def test_communication_hook_settings_are_kept():
+    strategy = CommHookDDPStrategy(comm_hook="powersgd", powersgd_rank=4, powersgd_start_iter=100, bucket_cap_mb=5)
+    assert (strategy.comm_hook, strategy.powersgd_rank, strategy.powersgd_start_iter) == (CommHook.powersgd, 4, 100)
+    assert strategy._ddp_kwargs == {"bucket_cap_mb": 5}  # DistributedDataParallel's own options pass through

@@ -1,0 +1,55 @@
+"""Test-only Lightning callbacks, loaded into real CLI runs through Hydra overrides, e.g.
+
+    python -m mnist_ddp.train +callbacks.recorder._target_=probes.SampleRecorder \\
+        +callbacks.recorder.out_dir=/tmp/samples
+
+(tests/ is put on PYTHONPATH by conftest.cli_env; every DDP process inherits it.)
+"""
+
+import json
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+
+class SampleRecorder(L.Callback):
+    """Writes ``out_dir/rank<global_rank>_epoch<epoch>.json``: the train-split indices this rank trained on.
+
+    Each batch is checked against the dataset: its images must equal the train split's images at
+    the indices the sampler yielded, so the record is what the model really saw.
+    """
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning has called sampler.set_epoch(epoch) by now; iterating it again gives this epoch's order.
+        self.planned = list(iter(trainer.train_dataloader.sampler))
+        self.seen: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        images, _ = batch
+        indices = self.planned[len(self.seen) : len(self.seen) + len(images)]
+        expected = trainer.datamodule.train_set.tensors[0][indices]
+        if not torch.equal(images.cpu(), expected):
+            raise AssertionError(f"rank {trainer.global_rank}: batch {batch_idx} is not the sampler's samples")
+        self.seen.extend(indices)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"rank{trainer.global_rank}_epoch{trainer.current_epoch}.json"
+        path.write_text(json.dumps(self.seen))
+
+
+class FailOnRank(L.Callback):
+    """Raises in one process at one optimizer step, after writing the wall-clock time to ``marker``."""
+
+    def __init__(self, rank: int, step: int, marker: str) -> None:
+        self.rank, self.step, self.marker = rank, step, Path(marker)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            self.marker.write_text(str(time.time()))
+            raise RuntimeError(f"injected failure on rank {self.rank} at step {self.step}")

@@ -1,0 +1,234 @@
+"""Distributed correctness, proven with real gloo processes started through the real command line.
+
+Every run below trains the same deterministic configuration (no dropout, SGD, constant learning
+rate) on the same synthetic data for two epochs, and differs only in how the work is spread:
+1, 2, 3 or 4 processes, gradient accumulation, spawned processes, DDP options, or a gradient
+communication hook. Data parallelism is correct when each of them takes the optimizer steps
+that one process with the same global batch takes.
+
+Sizes: 1,199 training images - 191 for validation (divisible by neither 2 nor 3) = 1,008 to
+train on, 21 global batches of 48 per epoch for 1, 2, 3 and 4 processes alike. 301 test images.
+"""
+
+import json
+import math
+import subprocess
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import REPO, cli_command, cli_env, make_synthetic_mnist, read_scalars, run_cli
+from mnist_ddp.data import MNISTDataModule, load_mnist
+from mnist_ddp.model import CNN
+
+TRAIN_SIZE, VAL_SIZE, TEST_SIZE, GLOBAL_BATCH, LR = 1008, 191, 301, 48, 0.05
+# Float32 parameters after 42 SGD steps: AllReduce sums gradients in another order than one
+# process does, so replicas and the single process agree to rounding, not bit for bit.
+PARAM_ATOL = 1e-5
+
+DETERMINISTIC = (
+    "trainer.accelerator=cpu",
+    "trainer.max_epochs=2",
+    f"data.val_size={VAL_SIZE}",
+    f"data.global_batch_size={GLOBAL_BATCH}",
+    "model.net.dropout=0",
+    "model.optimizer._target_=torch.optim.SGD",
+    f"model.optimizer.lr={LR}",
+    "model.scheduler=null",
+    "+callbacks.recorder._target_=probes.SampleRecorder",
+    "+callbacks.recorder.out_dir=${paths.output_dir}/samples",
+)
+RUNS = {
+    "ws1": ["trainer.devices=1"],
+    "ws2": ["trainer.devices=2"],
+    "ws3": ["trainer.devices=3"],
+    "ws4": ["trainer.devices=4"],
+    "ws2_accumulate": ["trainer.devices=2", "trainer.accumulate_grad_batches=2"],
+    "ws2_spawn": ["trainer.devices=2", "strategy=ddp_spawn"],
+    # DDP constructor and process-group options that do not change the arithmetic, and linear
+    # LR scaling (global 48 vs reference 24: twice the configured rate).
+    "ws2_options": [
+        "trainer.devices=2", "strategy.static_graph=true", "strategy.gradient_as_bucket_view=true",
+        "strategy.bucket_cap_mb=0.05", "strategy.broadcast_buffers=false", "strategy.timeout.seconds=123",
+        "strategy.process_group_backend=gloo", "lr_scaling.rule=linear", "lr_scaling.reference_batch_size=24",
+    ],
+    "ws2_fp16": ["trainer.devices=2", "strategy.comm_hook=fp16", "strategy.find_unused_parameters=true"],
+    "ws2_bf16": ["trainer.devices=2", "strategy.comm_hook=bf16"],
+    "ws2_powersgd": ["trainer.devices=2", "strategy.comm_hook=powersgd", "strategy.powersgd_start_iter=2"],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return make_synthetic_mnist(tmp_path_factory.mktemp("noisy"), n_train=TRAIN_SIZE + VAL_SIZE, n_test=TEST_SIZE, label_noise=0.25)
+
+
+@pytest.fixture(scope="module")
+def run(data_dir, tmp_path_factory):
+    """``run(name)``: the run directory of RUNS[name], trained once per module on first use."""
+    done = {}
+
+    def get(name: str):
+        if name not in done:
+            log_dir = tmp_path_factory.mktemp(name)
+            result = run_cli(f"data.data_dir={data_dir}", *DETERMINISTIC, *RUNS[name], log_dir=log_dir)
+            assert result.returncode == 0, f"{name}:\n" + result.stdout[-3000:] + result.stderr[-5000:]
+            (done[name],) = (log_dir / "runs").iterdir()
+        return done[name]
+
+    return get
+
+
+def params(run_dir, checkpoint="last.ckpt"):
+    return torch.load(run_dir / "checkpoints" / checkpoint, weights_only=True)["state_dict"]
+
+
+def max_difference(a, b):
+    return max((a[key] - b[key]).abs().max().item() for key in a)
+
+
+def ddp_settings(run_dir):
+    return json.loads((run_dir / "ddp.json").read_text())
+
+
+# --- gradient equivalence -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["ws2", "ws3", "ws4"])
+def test_replicas_take_the_single_process_step(run, name):
+    single, replicated = params(run("ws1")), params(run(name))
+    difference = max_difference(single, replicated)
+    print(f"{name} vs ws1: max |parameter difference| = {difference:.3g}")
+    assert difference < PARAM_ATOL
+    assert json.loads((run(name) / "ddp.json").read_text())["world_size"] == int(name[2])
+    # The runs really trained: the parameters moved far more than the tolerance from the init.
+    assert read_scalars(run(name) / "tensorboard")["val/acc"][-1] > 0.6
+
+
+def test_accumulation_takes_the_same_step_with_half_the_micro_batch(run):
+    difference = max_difference(params(run("ws2")), params(run("ws2_accumulate")))
+    print(f"accumulate_grad_batches=2 vs 1: max |parameter difference| = {difference:.3g}")
+    assert difference < PARAM_ATOL
+    # Same number of optimizer steps, twice the micro-batches.
+    assert torch.load(run("ws2_accumulate") / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 42
+
+
+def test_spawned_processes_take_the_same_steps(run):
+    difference = max_difference(params(run("ws2")), params(run("ws2_spawn")))
+    print(f"strategy=ddp_spawn vs ddp: max |parameter difference| = {difference:.3g}")
+    assert difference < PARAM_ATOL
+    # popen re-runs the command, so Hydra opens a log file for process 1; spawned workers do not.
+    assert (run("ws2") / "train_ddp_process_1.log").exists()
+    assert not (run("ws2_spawn") / "train_ddp_process_1.log").exists()
+
+
+# --- exact evaluation ------------------------------------------------------------------------
+
+
+def expected_metrics(run_dir, checkpoint, dataset):
+    """Loss and accuracy of a checkpoint over a whole split, computed here in one process."""
+    net = CNN(dropout=0)
+    net.load_state_dict({key.removeprefix("net."): value for key, value in params(run_dir, checkpoint).items()})
+    images, labels = dataset.tensors
+    with torch.no_grad():
+        logits = net.eval()(images)
+    return F.cross_entropy(logits, labels).item(), (logits.argmax(1) == labels).float().mean().item()
+
+
+def test_val_and_test_metrics_count_every_sample_once_for_1_2_and_3_processes(run, data_dir):
+    datamodule = MNISTDataModule(str(data_dir), val_size=VAL_SIZE)
+    datamodule.setup("fit")
+    test_set = load_mnist(data_dir, train=False)
+    logged = {}
+    for name in ("ws1", "ws2", "ws3"):
+        scalars = read_scalars(run(name) / "tensorboard")
+        (best,) = [p.name for p in (run(name) / "checkpoints").glob("epoch_*.ckpt")]
+        val_loss, val_acc = expected_metrics(run(name), "last.ckpt", datamodule.val_set)
+        test_loss, test_acc = expected_metrics(run(name), best, test_set)
+        # Accuracy is a count over 191 / 301 samples: one sample counted twice or missed moves it
+        # by at least 1/302, far beyond the tolerance.
+        assert scalars["val/acc"][-1] == pytest.approx(val_acc, abs=1e-6), name
+        assert scalars["test/acc"][-1] == pytest.approx(test_acc, abs=1e-6), name
+        assert scalars["val/loss"][-1] == pytest.approx(val_loss, abs=1e-5), name
+        assert scalars["test/loss"][-1] == pytest.approx(test_loss, abs=1e-5), name
+        logged[name] = (scalars["val/acc"][-1], scalars["test/acc"][-1])
+    print("(val/acc, test/acc) per run:", logged)
+    assert 0.5 < logged["ws1"][1] < 0.95, "label noise keeps accuracy below 1, so double counting would show"
+    assert logged["ws1"] == logged["ws2"] == logged["ws3"]
+
+
+# --- sharding --------------------------------------------------------------------------------
+
+
+def trained_indices(run_dir, world_size, epoch):
+    return [json.loads((run_dir / "samples" / f"rank{r}_epoch{epoch}.json").read_text()) for r in range(world_size)]
+
+
+@pytest.mark.parametrize(("name", "world_size"), [("ws2", 2), ("ws3", 3), ("ws4", 4)])
+def test_each_epoch_the_ranks_train_on_disjoint_shards_covering_the_split(run, name, world_size):
+    orders = []
+    for epoch in (0, 1):
+        shards = trained_indices(run(name), world_size, epoch)
+        assert all(len(shard) == TRAIN_SIZE // world_size for shard in shards)
+        union = set().union(*shards)
+        assert len(union) == TRAIN_SIZE, "shards overlap or miss samples"  # 1,008 divides by 2, 3, 4: no remainder
+        assert union == set(range(TRAIN_SIZE))
+        orders.append(shards)
+    assert orders[0] != orders[1], "the order must change between epochs"
+
+
+def test_the_same_seed_gives_the_same_shards_in_separate_runs(run):
+    for epoch in (0, 1):
+        reference = trained_indices(run("ws2"), 2, epoch)
+        assert trained_indices(run("ws2_accumulate"), 2, epoch) == reference
+        assert trained_indices(run("ws2_spawn"), 2, epoch) == reference
+
+
+# --- DDP options and communication hooks, each shown in effect -----------------------------
+
+
+def test_default_ddp_settings_in_effect(run):
+    settings = ddp_settings(run("ws2"))
+    assert settings["backend"] == "gloo" and settings["world_size"] == 2
+    assert settings["comm_hook"] == "none" and settings["timeout_s"] == 1800
+    assert settings["bucket_cap_mb"] == 25 and len(settings["bucket_sizes_bytes"]) == 1  # 0.74 MB in one bucket
+    assert not settings["find_unused_parameters"] and not settings["static_graph"]
+    assert not settings["gradient_as_bucket_view"] and settings["broadcast_buffers"]
+
+
+def test_configured_ddp_options_take_effect(run):
+    settings = ddp_settings(run("ws2_options"))
+    assert settings["backend"] == "gloo" and settings["timeout_s"] == 123
+    assert settings["static_graph"] and settings["gradient_as_bucket_view"] and not settings["broadcast_buffers"]
+    assert settings["bucket_cap_mb"] == pytest.approx(0.05, rel=1e-3)
+    # 0.05 MiB buckets split the 0.74 MB of gradients into several AllReduce calls (the 0.52 MB
+    # fc1 weight still gets a bucket of its own), where the default 25 MiB cap makes one.
+    buckets = settings["bucket_sizes_bytes"]
+    print("bucket sizes (bytes) with bucket_cap_mb=0.05:", buckets)
+    assert len(buckets) >= 3 and sum(buckets) == sum(ddp_settings(run("ws2"))["bucket_sizes_bytes"])
+    assert ddp_settings(run("ws2_fp16"))["find_unused_parameters"] is True
+
+
+def test_linear_lr_scaling_doubles_the_rate_for_twice_the_reference_batch(run):
+    rates = read_scalars(run("ws2_options") / "tensorboard")["train/lr"]
+    assert rates and all(rate == pytest.approx(2 * LR) for rate in rates)
+    assert all(rate == pytest.approx(LR) for rate in read_scalars(run("ws2") / "tensorboard")["train/lr"])
+    # Twice the rate: not the default run's steps.
+    assert max_difference(params(run("ws2")), params(run("ws2_options"))) > 100 * PARAM_ATOL
+
+
+@pytest.mark.parametrize(
+    ("name", "hook", "at_most"),
+    [("ws2_fp16", "fp16_compress_hook", 1e-2), ("ws2_bf16", "bf16_compress_hook", 1e-1), ("ws2_powersgd", "powerSGD_hook", None)],
+)
+def test_communication_hooks_run_on_gloo(run, name, hook, at_most):
+    assert ddp_settings(run(name))["comm_hook"] == hook
+    difference = max_difference(params(run("ws2")), params(run(name)))
+    print(f"{name} vs plain AllReduce: max |parameter difference| = {difference:.3g}")
+    # Compressed gradients change the steps: were the hook ignored, the runs would agree to PARAM_ATOL.
+    assert difference > 10 * PARAM_ATOL
+    if at_most is not None:
+        assert difference < at_most
+    assert read_scalars(run(name) / "tensorboard")["val/acc"][-1] > 0.6, "still learns"
