@@ -72,10 +72,14 @@ def cli_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
-def run_cli(*overrides: str, log_dir: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    *overrides: str, log_dir: Path, env: dict | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """Run the training command as a user would, wait for it, and capture its output."""
     command = cli_command(*overrides, log_dir=log_dir)
-    return subprocess.run(command, cwd=REPO, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        command, cwd=REPO, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def read_scalars(event_dir: Path) -> dict[str, list[float]]:

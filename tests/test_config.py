@@ -36,7 +36,9 @@ def test_a_mistyped_key_is_refused(override):
         compose_config(override)
 
 
-@pytest.mark.parametrize("override", ["data.global_batch_size=big", "trainer.max_epochs=1.5", "trainer.sync_batchnorm=maybe"])
+@pytest.mark.parametrize(
+    "override", ["data.global_batch_size=big", "trainer.max_epochs=1.5", "trainer.sync_batchnorm=maybe"]
+)
 def test_a_wrong_type_is_refused(override):
     with pytest.raises(ConfigCompositionException) as error:
         compose_config(override)
@@ -44,7 +46,10 @@ def test_a_wrong_type_is_refused(override):
     assert override.split("=")[1] in str(error.value.__cause__)
 
 
-@pytest.mark.parametrize(("option", "start_method", "backend"), [("ddp", "popen", None), ("ddp_spawn", "spawn", None), ("ddp_nccl", "popen", "nccl")])
+@pytest.mark.parametrize(
+    ("option", "start_method", "backend"),
+    [("ddp", "popen", None), ("ddp_spawn", "spawn", None), ("ddp_nccl", "popen", "nccl")],
+)
 def test_strategy_options_compose(option, start_method, backend):
     cfg = compose_config(f"strategy={option}")
     assert cfg.strategy.start_method == start_method and cfg.strategy.process_group_backend == backend

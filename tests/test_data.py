@@ -43,13 +43,16 @@ def test_setup_loads_normalized_float_images_and_int_labels(synthetic_data_dir):
     # Pixel value 255 maps to (1 - mean) / std and 0 to -mean / std.
     assert images.max().item() == pytest.approx((1 - MNIST_MEAN) / MNIST_STD)
     assert images.min().item() == pytest.approx(-MNIST_MEAN / MNIST_STD)
+
     # Train and val together are exactly the training file, each image with its own label.
     def pairs(images, labels):
         pixels = (images * MNIST_STD + MNIST_MEAN).mul(255).round().byte()
         return sorted((image.numpy().tobytes(), int(label)) for image, label in zip(pixels, labels))
 
     loaded = pairs(torch.cat([images, dm.val_set.tensors[0]]), torch.cat([labels, dm.val_set.tensors[1]]))
-    assert loaded == sorted((image.numpy().tobytes(), int(label)) for image, label in zip(raw.data.unsqueeze(1), raw.targets))
+    assert loaded == sorted(
+        (image.numpy().tobytes(), int(label)) for image, label in zip(raw.data.unsqueeze(1), raw.targets)
+    )
 
 
 def test_split_is_identical_on_every_rank_and_stage(synthetic_data_dir):
@@ -65,7 +68,9 @@ def test_split_is_identical_on_every_rank_and_stage(synthetic_data_dir):
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
 def test_train_shards_are_disjoint_complete_and_reshuffled_each_epoch(synthetic_data_dir, world_size):
     global_batch = 8 * 7 * world_size
-    ranks = [datamodule_on_rank(synthetic_data_dir, world_size, r, global_batch_size=global_batch) for r in range(world_size)]
+    ranks = [
+        datamodule_on_rank(synthetic_data_dir, world_size, r, global_batch_size=global_batch) for r in range(world_size)
+    ]
     n_train = 1200 - VAL_SIZE
     epochs = []
     for epoch in (0, 1):
@@ -96,7 +101,10 @@ def test_another_shuffle_seed_gives_another_order(synthetic_data_dir):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
 def test_val_and_test_serve_each_sample_exactly_once(synthetic_data_dir, world_size):
-    ranks = [datamodule_on_rank(synthetic_data_dir, world_size, r, global_batch_size=8 * world_size) for r in range(world_size)]
+    ranks = [
+        datamodule_on_rank(synthetic_data_dir, world_size, r, global_batch_size=8 * world_size)
+        for r in range(world_size)
+    ]
     for split, size in (("val", VAL_SIZE), ("test", 300)):
         served = [sample_ids(getattr(dm, f"{split}_dataloader")()) for dm in ranks]
         flat = [sample for shard in served for sample in shard]

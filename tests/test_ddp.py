@@ -11,15 +11,12 @@ train on, 21 global batches of 48 per epoch for 1, 2, 3 and 4 processes alike. 3
 """
 
 import json
-import math
-import subprocess
-import time
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_synthetic_mnist, read_scalars, run_cli
 
-from conftest import REPO, cli_command, cli_env, make_synthetic_mnist, read_scalars, run_cli
 from mnist_ddp.data import MNISTDataModule, load_mnist
 from mnist_ddp.model import CNN
 
@@ -62,7 +59,9 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    return make_synthetic_mnist(tmp_path_factory.mktemp("noisy"), n_train=TRAIN_SIZE + VAL_SIZE, n_test=TEST_SIZE, label_noise=0.25)
+    return make_synthetic_mnist(
+        tmp_path_factory.mktemp("noisy"), n_train=TRAIN_SIZE + VAL_SIZE, n_test=TEST_SIZE, label_noise=0.25
+    )
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +220,11 @@ def test_linear_lr_scaling_doubles_the_rate_for_twice_the_reference_batch(run):
 
 @pytest.mark.parametrize(
     ("name", "hook", "at_most"),
-    [("ws2_fp16", "fp16_compress_hook", 1e-2), ("ws2_bf16", "bf16_compress_hook", 1e-1), ("ws2_powersgd", "powerSGD_hook", None)],
+    [
+        ("ws2_fp16", "fp16_compress_hook", 1e-2),
+        ("ws2_bf16", "bf16_compress_hook", 1e-1),
+        ("ws2_powersgd", "powerSGD_hook", None),
+    ],
 )
 def test_communication_hooks_run_on_gloo(run, name, hook, at_most):
     assert ddp_settings(run(name))["comm_hook"] == hook

@@ -7,12 +7,18 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, cli_command, cli_env, run_cli
+
 from mnist_ddp.distributed import check_device_options
 from mnist_ddp.errors import ConfigValueError
 
-QUICK = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "data.val_size=200", "data.global_batch_size=64")
+QUICK = (
+    "trainer.accelerator=cpu",
+    "trainer.devices=2",
+    "trainer.max_epochs=1",
+    "data.val_size=200",
+    "data.global_batch_size=64",
+)
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -69,7 +75,9 @@ def test_two_runs_started_at_once_use_different_rendezvous_ports(synthetic_data_
         (["strategy.process_group_backend=nccl"], "strategy.process_group_backend=nccl needs CUDA devices"),
     ],
 )
-def test_gpu_only_options_on_cpu_are_refused_before_any_process_launches(synthetic_data_dir, tmp_path, overrides, message):
+def test_gpu_only_options_on_cpu_are_refused_before_any_process_launches(
+    synthetic_data_dir, tmp_path, overrides, message
+):
     result = run_cli(f"data.data_dir={synthetic_data_dir}", *QUICK, *overrides, log_dir=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 1

@@ -9,7 +9,6 @@ import re
 import pytest
 import torch
 import yaml
-
 from conftest import read_scalars, run_cli
 
 TAGS = {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "train/lr"}

@@ -11,7 +11,7 @@ Fields without a default are ``MISSING`` here and must be given by the group's Y
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -70,7 +70,7 @@ class TrainerConfig:
     max_epochs: int = MISSING
     max_steps: int = -1
     accumulate_grad_batches: int = 1
-    gradient_clip_val: Optional[float] = None
+    gradient_clip_val: float | None = None
     check_val_every_n_epoch: int = 1
     val_check_interval: Any = None
     limit_train_batches: Any = None
@@ -79,12 +79,12 @@ class TrainerConfig:
     num_sanity_val_steps: int = 2
     log_every_n_steps: int = 50
     sync_batchnorm: bool = False
-    deterministic: Optional[bool] = None
-    benchmark: Optional[bool] = None
+    deterministic: bool | None = None
+    benchmark: bool | None = None
     enable_progress_bar: bool = True
     enable_model_summary: bool = True
     use_distributed_sampler: bool = False
-    default_root_dir: Optional[str] = None
+    default_root_dir: str | None = None
 
 
 @dataclass
@@ -97,7 +97,7 @@ class StrategyConfig:
     """
 
     _target_: str = "mnist_ddp.strategy.CommHookDDPStrategy"
-    process_group_backend: Optional[str] = None
+    process_group_backend: str | None = None
     timeout: Any = None
     start_method: str = "popen"
     find_unused_parameters: bool = False
@@ -125,7 +125,7 @@ class TensorBoardLoggerConfig:
 
     _target_: str = "lightning.pytorch.loggers.TensorBoardLogger"
     save_dir: str = MISSING
-    name: Optional[str] = None
+    name: str | None = None
     version: str = ""
     default_hp_metric: bool = False
     log_graph: bool = False
@@ -158,7 +158,7 @@ class Config:
     paths: PathsConfig = MISSING
     lr_scaling: LRScalingConfig = field(default_factory=LRScalingConfig)
     seed: int = MISSING
-    ckpt_path: Optional[str] = None
+    ckpt_path: str | None = None
 
 
 def register_configs() -> None:

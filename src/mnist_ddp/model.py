@@ -111,7 +111,9 @@ class MNISTClassifier(L.LightningModule):
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, self.test_loss, self.test_acc, "test")
 
-    def _evaluate(self, batch: tuple[Tensor, Tensor], loss_metric: MeanMetric, acc_metric: MulticlassAccuracy, split: str) -> None:
+    def _evaluate(
+        self, batch: tuple[Tensor, Tensor], loss_metric: MeanMetric, acc_metric: MulticlassAccuracy, split: str
+    ) -> None:
         images, labels = batch
         logits = self(images)
         # Weighted by batch size, so the epoch value is the mean over samples even when the
