@@ -55,8 +55,9 @@ class ModelConfig:
 class TrainerConfig:
     """``trainer`` group: the subset of ``lightning.pytorch.Trainer`` arguments this template sets.
 
-    ``devices`` and the ``limit_*`` / ``val_check_interval`` fields are ``Any`` because Lightning
-    takes an int or a float/str there and OmegaConf 2.3 has no Union of primitives.
+    ``devices``, ``fast_dev_run``, ``overfit_batches``, ``profiler`` and the ``limit_*`` /
+    ``val_check_interval`` fields are ``Any`` because Lightning takes an int, a float, a str or an
+    object there and OmegaConf 2.3 has no Union of primitives.
     ``devices`` is ``"auto"``, a process count, or a list of device indices; ``"auto"`` means
     every GPU when CUDA is available, else 2 CPU processes (see
     :func:`mnist_ddp.distributed.resolve_devices`).
@@ -81,6 +82,9 @@ class TrainerConfig:
     sync_batchnorm: bool = False
     deterministic: bool | None = None
     benchmark: bool | None = None
+    fast_dev_run: Any = False
+    overfit_batches: Any = 0.0
+    profiler: Any = None
     enable_progress_bar: bool = True
     enable_model_summary: bool = True
     use_distributed_sampler: bool = False
@@ -161,6 +165,25 @@ class Config:
     ckpt_path: str | None = None
 
 
+@dataclass
+class EvalConfig:
+    """The composed config of ``python -m mnist_ddp.eval`` (``conf/eval.yaml``).
+
+    ``ckpt_path`` is required. The model is rebuilt from the checkpoint's own run config
+    (``<run>/.hydra/config.yaml``) when it exists; ``model`` is used only when it does not.
+    """
+
+    data: DataConfig = MISSING
+    model: ModelConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    strategy: StrategyConfig = MISSING
+    logger: TensorBoardLoggerConfig = MISSING
+    paths: PathsConfig = MISSING
+    seed: int = MISSING
+    ckpt_path: str = MISSING
+
+
 def register_configs() -> None:
-    """Store the schema in Hydra's ConfigStore as ``config_schema`` (named in ``conf/config.yaml``)."""
+    """Store the schemas in Hydra's ConfigStore (named in ``conf/config.yaml`` and ``conf/eval.yaml``)."""
     ConfigStore.instance().store(name="config_schema", node=Config)
+    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)

@@ -5,7 +5,6 @@ not register on CPU). This report reads each setting from the process group and 
 ``DistributedDataParallel`` wrapper themselves, so the run directory records what really ran.
 """
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -13,6 +12,8 @@ from pathlib import Path
 import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
+
+from mnist_ddp.outputs import write_json
 
 log = logging.getLogger(__name__)
 
@@ -41,20 +42,22 @@ class DDPSettingsReport(L.Callback):
 
     @rank_zero_only
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._write(trainer)
+        settings = self._write(trainer)
+        log.info("DDP settings in effect: " + ", ".join(f"{key}={value}" for key, value in settings.items()))
 
     @rank_zero_only
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         if not self._buckets_rebuilt and self._logging_data(trainer).get("has_rebuilt_buckets"):
             self._buckets_rebuilt = True
-            self._write(trainer)
+            settings = self._write(trainer)
+            log.info(f"DDP gradient buckets after DDP's rebuild (bytes): {settings['bucket_sizes_bytes']}")
 
     @staticmethod
     def _logging_data(trainer: L.Trainer) -> dict:
         # DDP's own record of its constructor arguments, registered hook and buckets.
         return trainer.strategy.model._get_ddp_logging_data()
 
-    def _write(self, trainer: L.Trainer) -> None:
+    def _write(self, trainer: L.Trainer) -> dict:
         ddp = trainer.strategy.model  # the DistributedDataParallel wrapper while fitting
         data = self._logging_data(trainer)
         buckets = data["rebuilt_bucket_sizes"] if data.get("has_rebuilt_buckets") else data["bucket_sizes"]
@@ -74,6 +77,5 @@ class DDPSettingsReport(L.Callback):
             "bucket_sizes_bytes": [int(size) for size in str(buckets).split(",")],
             "sync_batchnorm": bool(data.get("has_sync_bn")),
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(settings, indent=2) + "\n")
-        log.info("DDP settings in effect: " + ", ".join(f"{key}={value}" for key, value in settings.items()))
+        write_json(self.path, settings)
+        return settings

@@ -1,0 +1,70 @@
+"""Entry point: ``python -m mnist_ddp.eval ckpt_path=<checkpoint> [key=value ...]``.
+
+Tests a checkpoint on the official test set with ``trainer.devices`` DDP processes and writes
+``test/loss`` and ``test/acc`` to ``metrics.json`` in its own run directory (``logs/evals/``).
+Each test image is evaluated exactly once whatever the number of processes, so the metrics
+equal those of the training run's own test of the same checkpoint.
+"""
+
+import logging
+from pathlib import Path
+
+import hydra
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from mnist_ddp.config import CONFIG_DIR, register_configs
+from mnist_ddp.errors import ConfigValueError, exit_on_usage_error
+from mnist_ddp.job import ddp_job
+from mnist_ddp.outputs import write_json
+from mnist_ddp.preflight import run_entry_point
+from mnist_ddp.trainer import build_trainer, prepare_data_before_launch
+
+log = logging.getLogger(__name__)
+info = rank_zero_only(log.info)
+
+register_configs()
+
+
+def model_config(cfg: DictConfig, checkpoint: Path) -> DictConfig:
+    """The ``model`` node of the checkpoint's training run, else ``cfg.model``."""
+    run_config = checkpoint.parent.parent / ".hydra" / "config.yaml"
+    if run_config.is_file():
+        info(f"Model config from the checkpoint's run: {run_config}")
+        return OmegaConf.load(run_config).model
+    info(f"No run config at {run_config}: using model={cfg.model.net._target_} from this command's config")
+    return cfg.model
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
+@exit_on_usage_error
+def main(cfg: DictConfig) -> float:
+    """Test one checkpoint; returns its ``test/acc``.
+
+    Raises:
+        ConfigValueError: if ``ckpt_path`` is not a file.
+    """
+    info(f"Run directory: {cfg.paths.output_dir}")
+    checkpoint = Path(cfg.ckpt_path).resolve()
+    if not checkpoint.is_file():
+        raise ConfigValueError(f"ckpt_path={cfg.ckpt_path}: no such file. Pass a .ckpt file from a run's checkpoints/.")
+    L.seed_everything(cfg.seed, workers=True)
+
+    datamodule: L.LightningDataModule = instantiate(cfg.data)
+    model: L.LightningModule = instantiate(model_config(cfg, checkpoint))
+    trainer, layout = build_trainer(cfg)
+    prepare_data_before_launch(trainer, datamodule)
+
+    with ddp_job():
+        (metrics,) = trainer.test(model, datamodule=datamodule, ckpt_path=str(checkpoint))
+
+    if trainer.is_global_zero:
+        write_json(Path(cfg.paths.output_dir) / "metrics.json", {**metrics, "checkpoint": str(checkpoint), **layout})
+    info(f"Test accuracy {metrics['test/acc']:.4f}, test loss {metrics['test/loss']:.4f} ({checkpoint})")
+    return metrics["test/acc"]
+
+
+if __name__ == "__main__":
+    run_entry_point(main, config_name="eval")

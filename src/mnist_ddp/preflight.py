@@ -1,0 +1,157 @@
+"""Check a command line before Hydra creates a run directory or any process starts.
+
+Hydra makes the run directory before it calls the task function, and Lightning starts the DDP
+processes in ``trainer.fit``. A bad command line is refused before both, as one line that names
+the key, what is wrong, and what is allowed. For each job of the command line (a ``-m`` sweep
+expands into several):
+
+1. the config is composed: unknown keys, wrong types, values outside a choice, unknown group
+   options;
+2. the objects that are cheap to build are built, so that their own checks run: DataModule,
+   model, strategy;
+3. the data-parallel layout is checked: device count, global batch vs processes, devices that
+   cannot run the chosen backend or SyncBatchNorm.
+"""
+
+import itertools
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, HydraException, InstantiationException, MissingConfigException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from mnist_ddp.config import CONFIG_DIR, register_configs
+from mnist_ddp.distributed import check_device_options, per_device_batch_size, resolve_devices
+from mnist_ddp.errors import ConfigValueError, UsageError
+from mnist_ddp.job import ddp_child_argv, is_ddp_child
+
+log = logging.getLogger(__name__)
+
+
+def run_entry_point(main: Callable[[], object], config_name: str) -> None:
+    """What ``python -m mnist_ddp.<train|eval>`` does.
+
+    A DDP process started by Lightning runs its job's command line (see :mod:`mnist_ddp.job`).
+    Any other process first checks its command line, and exits with status 1 and one line on
+    stderr if it is bad; then it runs ``main`` (Hydra's entry point).
+    """
+    if is_ddp_child(os.environ):
+        sys.argv = ddp_child_argv(sys.argv, os.environ)
+    else:
+        try:
+            check_command_line(config_name, sys.argv[1:])
+        except UsageError as error:
+            print(f"Error: {error}", file=sys.stderr)
+            sys.exit(1)
+    main()
+
+
+def check_command_line(config_name: str, args: Sequence[str]) -> None:
+    """Compose and check every job that ``args`` (Hydra's command-line arguments) would run.
+
+    Flags other than ``-m`` / ``--multirun`` (``--help``, ``--cfg``, ``--config-name`` ...) are
+    Hydra's own business: such command lines are left to Hydra unchecked.
+
+    Raises:
+        UsageError: the first problem found, as one line.
+    """
+    flags = [arg for arg in args if arg.startswith("-")]
+    if any(flag not in ("-m", "--multirun") for flag in flags):
+        return
+    overrides = [arg for arg in args if not arg.startswith("-")]
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        defaults = compose(config_name)
+        for job in sweep_jobs(overrides) if flags else [overrides]:
+            check_job(_compose(config_name, job, defaults))
+
+
+def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
+    """The override lists of the jobs a ``-m`` sweep runs (Hydra's basic sweeper: the cartesian
+    product of every ``a,b`` / ``range()`` / ``choice()``). Sweeps that cannot be enumerated
+    (``interval()`` for Optuna, ``glob()``) are left out: their jobs are checked with the
+    configured value."""
+    choices = []
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            choices.append([f"{key}={override.get_value_element_as_str()}"])
+        elif override.is_discrete_sweep() and override.value_type.name != "GLOB_CHOICE_SWEEP":
+            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+    return [list(job) for job in itertools.product(*choices)]
+
+
+def _compose(config_name: str, overrides: list[str], defaults: DictConfig) -> DictConfig:
+    try:
+        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+    except MissingConfigException as error:
+        group, _, option = (error.missing_cfg_file or "").rpartition("/")
+        allowed = ", ".join(error.options or [])
+        raise UsageError(f"{group}={option}: no such option in conf/{group}/ (available: {allowed}).") from None
+    except (ConfigCompositionException, HydraException, OmegaConfBaseException) as error:
+        raise UsageError(_describe(error, defaults)) from None
+    # Interpolations such as ${hydra:runtime.cwd} resolve against this job's Hydra config.
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def _describe(error: Exception, defaults: DictConfig) -> str:
+    cause = error.__cause__ or error
+    if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
+        parent, _, _ = cause.full_key.rpartition(".")
+        node = OmegaConf.select(defaults, parent) if parent else defaults
+        allowed = ", ".join(str(key) for key in node) if isinstance(node, DictConfig) else "none"
+        return f"Unknown key {cause.full_key} (keys of {parent or 'the config'}: {allowed})."
+    if isinstance(cause, ValidationError) and cause.full_key:
+        return f"{cause.full_key}: {str(cause).splitlines()[0]}."
+    return str(error).strip().splitlines()[0]
+
+
+def check_job(cfg: DictConfig) -> None:
+    """Build the cheap parts of one job and check its layout. Raises UsageError."""
+    for group in ("data", "model", "strategy"):
+        try:
+            instantiate(cfg[group])
+        except InstantiationException as error:
+            if isinstance(error.__cause__, UsageError):
+                raise error.__cause__ from None
+            raise UsageError(f"{group}: {error.__cause__ or error}") from None
+    accelerator, devices = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
+    cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    if cfg.trainer.num_nodes < 1:
+        raise ConfigValueError(f"trainer.num_nodes={cfg.trainer.num_nodes} must be at least 1.")
+    world_size = cfg.trainer.num_nodes * device_count(devices, cuda)
+    per_device_batch_size(cfg.data.global_batch_size, world_size, cfg.trainer.accumulate_grad_batches)
+    check_device_options("cuda" if cuda else "cpu", cfg.strategy.process_group_backend, cfg.trainer.sync_batchnorm)
+
+
+def device_count(devices: object, cuda: bool) -> int:
+    """Processes per node for ``trainer.devices`` (after :func:`resolve_devices`).
+
+    Raises:
+        ConfigValueError: for 0, a negative count other than -1, an empty list, a list on CPU,
+            or anything else Lightning does not take.
+    """
+    allowed = "a positive process count, a list of device indices, -1 or auto (every GPU)"
+    if devices in ("auto", -1, "-1") and cuda:
+        return torch.cuda.device_count()
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        return devices
+    if isinstance(devices, str) and devices.isdigit() and int(devices) > 0:
+        return int(devices)
+    if cuda and (OmegaConf.is_list(devices) or isinstance(devices, list | tuple)):
+        if len(devices) > 0 and all(isinstance(index, int) and index >= 0 for index in devices):
+            return len(devices)
+    if not cuda:
+        allowed = "a positive process count on CPU"
+    raise ConfigValueError(f"trainer.devices={devices} is not {allowed}.")

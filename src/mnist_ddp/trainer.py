@@ -1,0 +1,55 @@
+"""The DDP Trainer, built from the composed config, with the checks that must pass before launch."""
+
+import lightning as L
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from mnist_ddp.distributed import check_device_options, per_device_batch_size, resolve_devices
+
+
+def build_trainer(cfg: DictConfig) -> tuple[L.Trainer, dict[str, int]]:
+    """Instantiate the Trainer with its strategy, logger and callbacks from ``cfg``.
+
+    Nothing is launched here: the DDP processes start in ``trainer.fit`` / ``trainer.test``.
+
+    Returns:
+        The Trainer, and the data-parallel layout: ``world_size``, ``global_batch_size``,
+        ``per_device_batch_size``, ``accumulate_grad_batches``.
+
+    Raises:
+        ConfigValueError: for options that cannot work on this device (NCCL or SyncBatchNorm on CPU).
+        BatchSizeError: for a global batch that does not split evenly over the processes.
+    """
+    accelerator, devices = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
+    trainer: L.Trainer = instantiate(
+        cfg.trainer,
+        accelerator=accelerator,
+        devices=devices,
+        strategy=instantiate(cfg.strategy),
+        logger=instantiate(cfg.logger),
+        callbacks=[instantiate(callback) for callback in cfg.get("callbacks", {}).values()],
+    )
+    check_device_options(
+        trainer.strategy.root_device.type, cfg.strategy.process_group_backend, cfg.trainer.sync_batchnorm
+    )
+    world_size = trainer.num_nodes * trainer.num_devices
+    accumulate = trainer.accumulate_grad_batches
+    layout = {
+        "world_size": world_size,
+        "global_batch_size": cfg.data.global_batch_size,
+        "per_device_batch_size": per_device_batch_size(cfg.data.global_batch_size, world_size, accumulate),
+        "accumulate_grad_batches": accumulate,
+    }
+    return trainer, layout
+
+
+def prepare_data_before_launch(trainer: L.Trainer, datamodule: L.LightningDataModule) -> None:
+    """Fetch the data in this process when Lightning will start the other processes itself.
+
+    This process is then alone for now, so missing data fails before any process launches.
+    (fit/test call ``prepare_data`` again on local rank 0 of each node; a no-op once the files
+    are there.) Under torchrun or SLURM every process already exists, and Lightning's own call,
+    on one process per node, is the only one.
+    """
+    if not trainer.strategy.cluster_environment.creates_processes_externally:
+        datamodule.prepare_data()
