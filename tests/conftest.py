@@ -1,6 +1,7 @@
 """Shared fixtures: synthetic MNIST-format data, the offline real MNIST copy, the CLI runner."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,59 @@ def synthetic_data_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def synthetic_run(synthetic_data_dir, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One finished 2-epoch run with 2 gloo processes on the synthetic data: (log_dir, result)."""
+    log_dir = tmp_path_factory.mktemp("logs")
+    result = run_cli(
+        f"data.data_dir={synthetic_data_dir}", "data.val_size=200", "data.global_batch_size=64",
+        "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=2", log_dir=log_dir,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return log_dir, result
+
+
+# The deterministic configuration of the equivalence and resume checks: no dropout, SGD with
+# momentum and a one-cycle schedule (optimizer and schedule state that resuming must restore),
+# 2 epochs of 21 global batches of 48 over 1,199 - 191 = 1,008 training images, which divide by
+# 1, 2, 3 and 4 processes alike. Validation 191 and test 301 images divide by neither 2 nor 3;
+# 25% of the labels are noise, so accuracy stays below 1 and double counting would show.
+TRAIN_SIZE, VAL_SIZE, TEST_SIZE, GLOBAL_BATCH, LR = 1008, 191, 301, 48, 0.05
+DETERMINISTIC = (
+    "trainer.accelerator=cpu", "trainer.max_epochs=2", f"data.val_size={VAL_SIZE}",
+    f"data.global_batch_size={GLOBAL_BATCH}", "model.net.dropout=0", "model.optimizer._target_=torch.optim.SGD",
+    f"model.optimizer.lr={LR}", "+model.optimizer.momentum=0.9",
+    "+callbacks.recorder._target_=probes.SampleRecorder", "+callbacks.recorder.out_dir=${paths.output_dir}/samples",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def noisy_data_dir(tmp_path_factory) -> Path:
+    """The synthetic data of the deterministic runs: TRAIN_SIZE + VAL_SIZE and TEST_SIZE images, 25% label noise."""
+    return make_synthetic_mnist(
+        tmp_path_factory.mktemp("noisy"), n_train=TRAIN_SIZE + VAL_SIZE, n_test=TEST_SIZE, label_noise=0.25
+    )
+
+
+@pytest.fixture(scope="session")
+def deterministic_run(noisy_data_dir, tmp_path_factory):
+    """``deterministic_run(name, *overrides)``: the run directory of DETERMINISTIC plus ``overrides``,
+    trained once per session (on first use) and shared by every test that names it."""
+    done: dict[str, tuple[tuple[str, ...], Path]] = {}
+
+    def get(name: str, *overrides: str) -> Path:
+        if name not in done:
+            log_dir = tmp_path_factory.mktemp(name)
+            result = run_cli(f"data.data_dir={noisy_data_dir}", *DETERMINISTIC, *overrides, log_dir=log_dir)
+            assert result.returncode == 0, f"{name}:\n" + result.stdout[-3000:] + result.stderr[-5000:]
+            (run_dir,) = (log_dir / "runs").iterdir()
+            done[name] = (overrides, run_dir)
+        assert done[name][0] == overrides, f"run {name} was trained with other overrides"
+        return done[name][1]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def mnist_data_dir() -> Path:
     """The real MNIST copy: ``$MNIST_DATA_DIR`` (set by .ci/run), else ``../shared/data`` if present."""
     path = Path(os.environ.get("MNIST_DATA_DIR", REPO.parent / "shared" / "data"))
@@ -60,9 +114,13 @@ def mnist_data_dir() -> Path:
     return path
 
 
-def cli_command(*overrides: str, log_dir: Path) -> list[str]:
-    """``python -m mnist_ddp.train`` with Hydra overrides, writing under ``log_dir``."""
-    return [sys.executable, "-m", "mnist_ddp.train", f"paths.log_dir={log_dir}", *overrides]
+def cli_command(*overrides: str, log_dir: Path, module: str = "mnist_ddp.train") -> list[str]:
+    """``python -m mnist_ddp.train`` (or ``module``) with Hydra overrides, writing under ``log_dir``.
+
+    Flags (``-m``) go first: Hydra's argument parser takes the overrides as one trailing list."""
+    flags = [arg for arg in overrides if arg.startswith("-")]
+    values = [arg for arg in overrides if not arg.startswith("-")]
+    return [sys.executable, "-m", module, *flags, f"paths.log_dir={log_dir}", *values]
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -73,10 +131,10 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def run_cli(
-    *overrides: str, log_dir: Path, env: dict | None = None, timeout: float = 600
+    *overrides: str, log_dir: Path, module: str = "mnist_ddp.train", env: dict | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
-    """Run the training command as a user would, wait for it, and capture its output."""
-    command = cli_command(*overrides, log_dir=log_dir)
+    """Run a command as a user would (training by default), wait for it, and capture its output."""
+    command = cli_command(*overrides, log_dir=log_dir, module=module)
     return subprocess.run(
         command, cwd=REPO, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=timeout
     )
@@ -87,3 +145,8 @@ def read_scalars(event_dir: Path) -> dict[str, list[float]]:
     events = EventAccumulator(str(event_dir), size_guidance={"scalars": 0})
     events.Reload()
     return {tag: [event.value for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def ranks_in_log(run_dir: Path, job: str = "train") -> set[int]:
+    """The global ranks that wrote lines into a job's log file (``[rank N]`` tags)."""
+    return {int(rank) for rank in re.findall(r"\[rank (\d+)\]", (run_dir / f"{job}.log").read_text())}

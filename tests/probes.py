@@ -53,3 +53,14 @@ class FailOnRank(L.Callback):
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             self.marker.write_text(str(time.time()))
             raise RuntimeError(f"injected failure on rank {self.rank} at step {self.step}")
+
+
+class StopAfterEpoch(L.Callback):
+    """Ends ``fit`` after the given epoch, as an interrupted run would (its last.ckpt is that epoch's)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == self.epoch:
+            trainer.should_stop = True
