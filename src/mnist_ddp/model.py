@@ -14,6 +14,8 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from mnist_ddp.errors import ConfigValueError
+
 NUM_CLASSES = 10
 
 
@@ -125,6 +127,36 @@ class MNISTClassifier(L.LightningModule):
         self.log(f"{split}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=True)
         self.log(f"{split}/acc", acc_metric, on_step=False, on_epoch=True, prog_bar=True)
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Every replica is seeded alike and draws the same number of random numbers (dropout
+        # masks of equal shapes), so rank 0's generator state is every rank's. Restored on resume,
+        # it makes the resumed run draw the masks the uninterrupted run would have drawn.
+        checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state(self.device)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # Called before configure_optimizers when fit resumes: keep the schedule's saved length
+        # for the check there, and restore the random generator state (see on_save_checkpoint).
+        saved = [state.get("total_steps") for state in checkpoint.get("lr_schedulers", [])]
+        self.resumed_schedule_steps = saved[0] if saved else None
+        rng = checkpoint.get("rng_state", {})
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
+
+    def _check_resumed_schedule(self, total_steps: int) -> None:
+        """Raises ConfigValueError when resuming a schedule of another length: a one-cycle schedule
+        cannot be extended, so trainer.max_epochs, the batch size and the process count must stay."""
+        saved = getattr(self, "resumed_schedule_steps", None)
+        if saved is not None and saved != total_steps:
+            raise ConfigValueError(
+                f"ckpt_path: the checkpoint's learning-rate schedule spans {saved} optimizer steps, this run "
+                f"{total_steps}. Resume with the original run's trainer.max_epochs, data.global_batch_size, "
+                "trainer.devices and trainer.accumulate_grad_batches (its .hydra/overrides.yaml)."
+            )
+
     def configure_optimizers(self) -> dict:
         optimizer = self.optimizer_factory(params=self.parameters())
         if self.scheduler_factory is None:
@@ -135,6 +167,7 @@ class MNISTClassifier(L.LightningModule):
             bound = getattr(self.scheduler_factory, "keywords", {})
             if "total_steps" in inspect.signature(self.scheduler_factory).parameters and "total_steps" not in bound:
                 kwargs["total_steps"] = self.trainer.estimated_stepping_batches
+                self._check_resumed_schedule(kwargs["total_steps"])
             scheduler = self.scheduler_factory(optimizer=optimizer, **kwargs)
         return {
             "optimizer": optimizer,
