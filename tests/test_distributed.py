@@ -1,7 +1,10 @@
 """Batch-size arithmetic, device defaults, LR scaling and strategy options (no processes needed)."""
 
+import inspect
+
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from mnist_ddp.distributed import CPU_PROCESSES_WHEN_AUTO, per_device_batch_size, resolve_devices, scale_learning_rate
 from mnist_ddp.errors import ConfigValueError
@@ -92,3 +95,9 @@ def test_communication_hook_settings_are_kept():
     strategy = CommHookDDPStrategy(comm_hook="powersgd", powersgd_rank=4, powersgd_start_iter=100, bucket_cap_mb=5)
     assert (strategy.comm_hook, strategy.powersgd_rank, strategy.powersgd_start_iter) == (CommHook.powersgd, 4, 100)
     assert strategy._ddp_kwargs == {"bucket_cap_mb": 5}  # DistributedDataParallel's own options pass through
+
+
+def test_broadcast_buffers_reaches_ddp_under_the_name_this_torch_uses():
+    strategy = CommHookDDPStrategy(broadcast_buffers=False)
+    renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    assert strategy._ddp_kwargs == ({"forward_sync_buffers": False} if renamed else {"broadcast_buffers": False})

@@ -88,6 +88,7 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     enable_model_summary: bool = True
     use_distributed_sampler: bool = False
+    enable_checkpointing: bool = True
     default_root_dir: str | None = None
 
 

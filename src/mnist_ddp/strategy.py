@@ -7,11 +7,13 @@ when the root device is CUDA, so on CPU (gloo) a configured hook would silently 
 strategy registers it itself, on CUDA and CPU alike.
 """
 
+import inspect
 from enum import Enum
 from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel
 
 from mnist_ddp.errors import ConfigValueError
 
@@ -43,7 +45,8 @@ class CommHookDDPStrategy(DDPStrategy):
         **kwargs: passed on to ``DDPStrategy``: its own options (``process_group_backend``,
             ``timeout``, ``start_method``) and ``DistributedDataParallel``'s
             (``find_unused_parameters``, ``static_graph``, ``gradient_as_bucket_view``,
-            ``bucket_cap_mb``, ``broadcast_buffers``).
+            ``bucket_cap_mb``, ``broadcast_buffers``; passed as ``forward_sync_buffers`` where torch
+            has that name).
 
     Raises:
         ConfigValueError: for an unknown hook name, ``powersgd_rank < 1``, ``powersgd_start_iter < 2``,
@@ -53,6 +56,13 @@ class CommHookDDPStrategy(DDPStrategy):
     def __init__(
         self, comm_hook: str = "none", powersgd_rank: int = 1, powersgd_start_iter: int = 10, **kwargs: Any
     ) -> None:
+        # torch 2.13 renamed DDP's broadcast_buffers (sync buffers before each forward) to
+        # forward_sync_buffers and warns on the old name; the config keeps the name every torch knows.
+        if (
+            "broadcast_buffers" in kwargs
+            and "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        ):
+            kwargs["forward_sync_buffers"] = kwargs.pop("broadcast_buffers")
         super().__init__(**kwargs)
         try:
             self.comm_hook = CommHook(comm_hook)
