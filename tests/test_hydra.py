@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from conftest import ranks_in_log, read_scalars, run_cli
+from conftest import DETERMINISTIC, ranks_in_log, read_scalars, run_cli
 
 from mnist_ddp.errors import UsageError
 from mnist_ddp.preflight import check_command_line
@@ -104,15 +104,17 @@ def test_eval_reports_the_training_runs_test_metrics_with_two_processes(trained,
 # --- resume ----------------------------------------------------------------------------------
 
 
+# Dropout on: resuming must also restore the random generator state, or the masks differ.
+DROPOUT = ("trainer.devices=2", "model.net.dropout=0.5")
+STOP_AFTER_EPOCH_0 = ("+callbacks.stop._target_=probes.StopAfterEpoch", "+callbacks.stop.epoch=0")
+
+
 def test_resuming_from_last_ckpt_continues_exactly_where_the_run_stopped(deterministic_run):
     # Uninterrupted: 2 epochs. Stopped: the same run ended after epoch 0. Resumed: from its last.ckpt.
-    whole_run = deterministic_run("ws2", "trainer.devices=2")
-    stopped_run = deterministic_run(
-        "ws2_stopped", "trainer.devices=2", "+callbacks.stop._target_=probes.StopAfterEpoch", "+callbacks.stop.epoch=0"
-    )
-    stopped_last = stopped_run / "checkpoints" / "last.ckpt"
+    whole_run = deterministic_run("ws2_dropout", *DROPOUT)
+    stopped_last = deterministic_run("ws2_dropout_stopped", *DROPOUT, *STOP_AFTER_EPOCH_0) / "checkpoints" / "last.ckpt"
     assert torch.load(stopped_last, weights_only=True)["epoch"] == 0
-    resumed_run = deterministic_run("ws2_resumed", "trainer.devices=2", f"ckpt_path={stopped_last}")
+    resumed_run = deterministic_run("ws2_dropout_resumed", *DROPOUT, f"ckpt_path={stopped_last}")
 
     whole = torch.load(whole_run / "checkpoints" / "last.ckpt", weights_only=True)
     resumed = torch.load(resumed_run / "checkpoints" / "last.ckpt", weights_only=True)
@@ -127,6 +129,21 @@ def test_resuming_from_last_ckpt_continues_exactly_where_the_run_stopped(determi
     for rank in (0, 1):
         name = f"rank{rank}_epoch1.json"
         assert (resumed_run / "samples" / name).read_text() == (whole_run / "samples" / name).read_text()
+
+
+def test_resuming_with_a_longer_schedule_is_refused_in_one_line(deterministic_run, noisy_data_dir, tmp_path):
+    stopped_last = deterministic_run("ws2_dropout_stopped", *DROPOUT, *STOP_AFTER_EPOCH_0) / "checkpoints" / "last.ckpt"
+    result = run_cli(
+        f"data.data_dir={noisy_data_dir}", *DETERMINISTIC, *DROPOUT, "trainer.max_epochs=3",
+        f"ckpt_path={stopped_last}", log_dir=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert (
+        "ConfigValueError: ckpt_path: the checkpoint's learning-rate schedule spans 42 optimizer steps, this run 63"
+        in output
+    )
+    assert "Traceback" not in output
 
 
 # --- presets ---------------------------------------------------------------------------------

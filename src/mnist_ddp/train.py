@@ -60,7 +60,7 @@ def main(cfg: DictConfig) -> float:
         "accumulated micro-batches".format(**layout)
     )
     info(
-        f"Learning rate {cfg.model.optimizer.lr:g} (model.optimizer.lr={base_lr:g} at batch "
+        f"Learning rate {cfg.model.optimizer.lr:g} (model.optimizer.lr={base_lr:g} tuned at reference batch "
         f"{cfg.lr_scaling.reference_batch_size}, lr_scaling.rule={cfg.lr_scaling.rule.value})"
     )
     prepare_data_before_launch(trainer, datamodule)
