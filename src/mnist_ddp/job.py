@@ -62,12 +62,7 @@ def is_ddp_child(environ: os._Environ | dict) -> bool:
 
 
 def ddp_child_argv(argv: Sequence[str], environ: os._Environ | dict) -> list[str]:
-    """The command line a DDP child runs: its job's overrides, in its job's directory.
-
-    Returns ``argv`` unchanged in any process that is not such a child.
-    """
-    if not is_ddp_child(environ):
-        return list(argv)
+    """The command line a DDP child (see :func:`is_ddp_child`) runs: its job's overrides, in its job's directory."""
     job = json.loads(environ[JOB_ENV])
     return [
         argv[0],

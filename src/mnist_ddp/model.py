@@ -88,6 +88,8 @@ class MNISTClassifier(L.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.scheduler_interval = scheduler_interval
+        # Optimizer steps of the schedule in the checkpoint fit resumes from (set by on_load_checkpoint).
+        self.resumed_schedule_steps: int | None = None
         self.train_acc = MulticlassAccuracy(NUM_CLASSES, average="micro")
         self.val_acc = MulticlassAccuracy(NUM_CLASSES, average="micro")
         self.test_acc = MulticlassAccuracy(NUM_CLASSES, average="micro")
@@ -149,7 +151,7 @@ class MNISTClassifier(L.LightningModule):
     def _check_resumed_schedule(self, total_steps: int) -> None:
         """Raises ConfigValueError when resuming a schedule of another length: a one-cycle schedule
         cannot be extended, so trainer.max_epochs, the batch size and the process count must stay."""
-        saved = getattr(self, "resumed_schedule_steps", None)
+        saved = self.resumed_schedule_steps
         if saved is not None and saved != total_steps:
             raise ConfigValueError(
                 f"ckpt_path: the checkpoint's learning-rate schedule spans {saved} optimizer steps, this run "
