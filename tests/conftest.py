@@ -49,7 +49,9 @@ def make_synthetic_mnist(
 
 @pytest.fixture(scope="session")
 def synthetic_data_dir(tmp_path_factory) -> Path:
-    return make_synthetic_mnist(tmp_path_factory.mktemp("synthetic"))
+    """1,200 training and 300 test images; 2% of the labels are noise, so a few test digits come
+    out misclassified (TensorBoard's test/misclassified image is then written)."""
+    return make_synthetic_mnist(tmp_path_factory.mktemp("synthetic"), label_noise=0.02)
 
 
 @pytest.fixture(scope="session")

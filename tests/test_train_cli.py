@@ -5,12 +5,16 @@ process itself (Lightning's subprocess launcher), exactly as a user's run does.
 """
 
 import json
+import logging
 import re
 
 import pytest
 import torch
 import yaml
 from conftest import ranks_in_log, read_scalars, run_cli
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+from mnist_ddp.job import RankZeroWarningsFilter
 
 TAGS = {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "train/lr"}
 
@@ -55,9 +59,37 @@ def test_tensorboard_events_hold_every_tag_and_the_test_accuracy(synthetic_run):
     assert metrics["test/acc"] == pytest.approx(test_acc)
     assert metrics["val/acc"] == pytest.approx(scalars["val/acc"][-1])
     assert metrics["checkpoint"].endswith(".ckpt") and metrics["world_size"] == 2
-    hparams = yaml.safe_load((run / "tensorboard" / "hparams.yaml").read_text())
-    assert hparams["world_size"] == 2 and hparams["per_device_batch_size"] == 32
-    assert hparams["data"]["global_batch_size"] == 64
+    assert metrics["per_device_batch_size"] == 32 and metrics["global_batch_size"] == 64
+
+
+def test_console_shows_one_progress_bar_and_rank_tagged_lines_only_where_ranks_differ(synthetic_run):
+    _, result = synthetic_run
+    console = result.stdout + result.stderr
+    lines = [line for line in console.replace("\r", "\n").splitlines() if re.search(r"[A-Za-z0-9]", line)]
+    tagged = [line for line in lines if re.match(r"\[[^]]+\]\[rank \d\]", line)]
+    untagged = [line for line in lines if line not in tagged]
+    # Progress bars and result tables come from rank 0 alone: no untagged line is printed twice.
+    assert [line for line in untagged if untagged.count(line) > 1] == []
+    assert sum(line.startswith("Testing ") for line in untagged) == 1
+    # Rank 1 prints only what is its own: its config fingerprint, seed and place in the process group.
+    rank_1 = [re.sub(r"^\[[^]]+\]\[rank 1\]\[[^]]+\]\[\w+\] - ", "", line) for line in tagged if "[rank 1]" in line]
+    allowed = (
+        r"Composed config sha256 \w+",
+        r"\[rank: 1\] Seed set to \d+",
+        r"Initializing distributed: GLOBAL_RANK: 1, ",
+    )
+    assert rank_1 and all(any(re.match(pattern, line) for pattern in allowed) for line in rank_1), rank_1
+    # Its Python warnings, if any, are in the log file only (see the filter's own test below).
+    assert "[rank 1][py.warnings]" not in console
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_python_warnings_reach_the_console_from_rank_zero_only(rank, monkeypatch):
+    monkeypatch.setattr(rank_zero_only, "rank", rank)
+    warning = logging.LogRecord("py.warnings", logging.WARNING, __file__, 1, "deprecated", None, None)
+    info = logging.LogRecord("mnist_ddp.train", logging.INFO, __file__, 1, "Composed config", None, None)
+    assert RankZeroWarningsFilter().filter(warning) == (rank == 0)
+    assert RankZeroWarningsFilter().filter(info)
 
 
 def test_missing_data_without_network_is_one_error_before_any_process_launches(tmp_path):

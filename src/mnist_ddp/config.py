@@ -179,6 +179,7 @@ class EvalConfig:
     trainer: TrainerConfig = MISSING
     strategy: StrategyConfig = MISSING
     logger: TensorBoardLoggerConfig = MISSING
+    callbacks: dict[str, Any] = field(default_factory=dict)
     paths: PathsConfig = MISSING
     seed: int = MISSING
     ckpt_path: str = MISSING

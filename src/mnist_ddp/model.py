@@ -112,12 +112,14 @@ class MNISTClassifier(L.LightningModule):
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, self.val_loss, self.val_acc, "val")
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.test_loss, self.test_acc, "test")
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Returns the predicted classes ``(N,)`` int64, for callbacks such as
+        :class:`~mnist_ddp.misclassified.MisclassificationReport`."""
+        return self._evaluate(batch, self.test_loss, self.test_acc, "test")
 
     def _evaluate(
         self, batch: tuple[Tensor, Tensor], loss_metric: MeanMetric, acc_metric: MulticlassAccuracy, split: str
-    ) -> None:
+    ) -> Tensor:
         images, labels = batch
         logits = self(images)
         # Weighted by batch size, so the epoch value is the mean over samples even when the
@@ -128,6 +130,7 @@ class MNISTClassifier(L.LightningModule):
         # processes) once at the end of the epoch, not once per step.
         self.log(f"{split}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=True)
         self.log(f"{split}/acc", acc_metric, on_step=False, on_epoch=True, prog_bar=True)
+        return logits.argmax(dim=1)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Every replica is seeded alike and draws the same number of random numbers (dropout

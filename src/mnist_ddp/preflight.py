@@ -43,6 +43,8 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
     Any other process first checks its command line, and exits with status 1 and one line on
     stderr if it is bad; then it runs ``main`` (Hydra's entry point).
     """
+    # Warnings go through logging: tagged with the rank, kept in the job's log file.
+    logging.captureWarnings(True)
     if is_ddp_child(os.environ):
         sys.argv = ddp_child_argv(sys.argv, os.environ)
     else:

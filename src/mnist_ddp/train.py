@@ -15,7 +15,7 @@ import hydra
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mnist_ddp.config import CONFIG_DIR, register_configs
 from mnist_ddp.distributed import scale_learning_rate
@@ -23,6 +23,7 @@ from mnist_ddp.errors import exit_on_usage_error
 from mnist_ddp.job import ddp_job
 from mnist_ddp.outputs import config_fingerprint, write_json
 from mnist_ddp.preflight import run_entry_point
+from mnist_ddp.run_summary import RunSummary
 from mnist_ddp.trainer import build_trainer, prepare_data_before_launch
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def main(cfg: DictConfig) -> float:
     # Build everything before any process launches, so a bad argument fails here, once.
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     model: L.LightningModule = instantiate(cfg.model)
-    trainer, layout = build_trainer(cfg)
+    trainer, layout = build_trainer(cfg, extra_callbacks=[RunSummary(cfg)])
     info(
         "Data parallel: world_size={world_size}, global batch {global_batch_size} = "
         "{per_device_batch_size} per device x {world_size} processes x {accumulate_grad_batches} "
@@ -64,9 +65,6 @@ def main(cfg: DictConfig) -> float:
         f"{cfg.lr_scaling.reference_batch_size}, lr_scaling.rule={cfg.lr_scaling.rule.value})"
     )
     prepare_data_before_launch(trainer, datamodule)
-    trainer.logger.log_hyperparams(
-        {**OmegaConf.to_container(cfg, resolve=True), **layout, "effective_lr": cfg.model.optimizer.lr}
-    )
 
     with ddp_job():
         trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)

@@ -1,5 +1,7 @@
 """The DDP Trainer, built from the composed config, with the checks that must pass before launch."""
 
+from collections.abc import Sequence
+
 import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -7,8 +9,9 @@ from omegaconf import DictConfig
 from mnist_ddp.distributed import check_device_options, per_device_batch_size, resolve_devices
 
 
-def build_trainer(cfg: DictConfig) -> tuple[L.Trainer, dict[str, int]]:
-    """Instantiate the Trainer with its strategy, logger and callbacks from ``cfg``.
+def build_trainer(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> tuple[L.Trainer, dict[str, int]]:
+    """Instantiate the Trainer with its strategy, logger and callbacks from ``cfg``, plus
+    ``extra_callbacks`` (those built from more than their own config node).
 
     Nothing is launched here: the DDP processes start in ``trainer.fit`` / ``trainer.test``.
 
@@ -27,20 +30,29 @@ def build_trainer(cfg: DictConfig) -> tuple[L.Trainer, dict[str, int]]:
         devices=devices,
         strategy=instantiate(cfg.strategy),
         logger=instantiate(cfg.logger),
-        callbacks=[instantiate(callback) for callback in cfg.get("callbacks", {}).values()],
+        callbacks=[*(instantiate(callback) for callback in cfg.get("callbacks", {}).values()), *extra_callbacks],
     )
     check_device_options(
         trainer.strategy.root_device.type, cfg.strategy.process_group_backend, cfg.trainer.sync_batchnorm
     )
+    return trainer, data_parallel_layout(trainer, cfg.data.global_batch_size)
+
+
+def data_parallel_layout(trainer: L.Trainer, global_batch_size: int) -> dict[str, int]:
+    """``world_size``, ``global_batch_size``, ``per_device_batch_size``, ``accumulate_grad_batches``
+    (samples per optimizer step = per-device batch x world_size x accumulated micro-batches).
+
+    Raises:
+        BatchSizeError: for a global batch that does not split evenly over the processes.
+    """
     world_size = trainer.num_nodes * trainer.num_devices
     accumulate = trainer.accumulate_grad_batches
-    layout = {
+    return {
         "world_size": world_size,
-        "global_batch_size": cfg.data.global_batch_size,
-        "per_device_batch_size": per_device_batch_size(cfg.data.global_batch_size, world_size, accumulate),
+        "global_batch_size": global_batch_size,
+        "per_device_batch_size": per_device_batch_size(global_batch_size, world_size, accumulate),
         "accumulate_grad_batches": accumulate,
     }
-    return trainer, layout
 
 
 def prepare_data_before_launch(trainer: L.Trainer, datamodule: L.LightningDataModule) -> None:

@@ -1,0 +1,56 @@
+"""Matplotlib figures of digits and of a confusion matrix, and the TensorBoard writers they go to.
+
+The figures are built on ``matplotlib.figure.Figure`` directly, never through pyplot's global
+state, so they need no display and are safe in every DDP process.
+"""
+
+import math
+from collections.abc import Sequence
+
+import lightning as L
+from lightning.pytorch.loggers import TensorBoardLogger
+from matplotlib.figure import Figure
+from torch import Tensor
+from torchmetrics.utilities.plot import plot_confusion_matrix
+
+from mnist_ddp.data import MNIST_MEAN, MNIST_STD
+
+
+def digit_grid(images: Tensor, titles: Sequence[str], columns: int = 8) -> Figure:
+    """A grid of digits, each with a title above it (its label, or true and predicted class).
+
+    Args:
+        images: ``(N, 1, 28, 28)`` float32, normalized as the DataModule serves them (mean
+            :data:`~mnist_ddp.data.MNIST_MEAN`, std :data:`~mnist_ddp.data.MNIST_STD`); shown
+            un-normalized, white on black as in the data set.
+        titles: ``N`` strings, one per image.
+        columns: digits per row (default 8).
+
+    Raises:
+        ValueError: if ``images`` is empty or ``titles`` does not have one entry per image.
+    """
+    if len(images) == 0 or len(titles) != len(images):
+        raise ValueError(f"digit_grid needs one title per image and at least one image, got {len(images)} images "
+                         f"and {len(titles)} titles")  # fmt: skip
+    pixels = (images.detach().float().cpu() * MNIST_STD + MNIST_MEAN).clamp(0, 1)
+    rows = math.ceil(len(images) / columns)
+    figure = Figure(figsize=(1.2 * columns, 1.4 * rows), dpi=80, layout="constrained")
+    for index, axes in enumerate(figure.subplots(rows, columns, squeeze=False).flat):
+        axes.set_axis_off()
+        if index < len(images):
+            axes.imshow(pixels[index, 0].numpy(), cmap="gray", vmin=0, vmax=1)
+            axes.set_title(titles[index], fontsize=9)
+    return figure
+
+
+def confusion_matrix_figure(matrix: Tensor) -> Figure:
+    """A ``(C, C)`` confusion matrix of counts (rows: true class, columns: predicted class) as a
+    heat map with the count in each cell, drawn by torchmetrics' own plot."""
+    figure = Figure(figsize=(7, 6), dpi=80, layout="constrained")
+    plot_confusion_matrix(matrix.cpu(), ax=figure.subplots(), add_text=True, labels=list(range(len(matrix))))
+    return figure
+
+
+def tensorboard_writers(trainer: L.Trainer) -> list:
+    """The ``SummaryWriter`` of each TensorBoardLogger of ``trainer`` (figures go to TensorBoard only)."""
+    return [logger.experiment for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]

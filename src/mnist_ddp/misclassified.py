@@ -1,0 +1,77 @@
+"""Where the model fails: the confusion matrix and the misclassified digits of the test set."""
+
+import lightning as L
+import torch
+from torch import Tensor
+from torchmetrics.classification import MulticlassConfusionMatrix
+
+from mnist_ddp.figures import confusion_matrix_figure, digit_grid, tensorboard_writers
+from mnist_ddp.model import NUM_CLASSES
+
+
+class MisclassificationReport(L.Callback):
+    """At the end of each test, images of where the model fails, over the whole test set.
+
+    Every rank contributes its shard; global rank 0 writes, at the current optimizer step:
+
+    - ``test/confusion_matrix``: counts of (true, predicted) class pairs, rows true and columns
+      predicted. torchmetrics sums the matrix over all ranks, and the test sampler gives each
+      image to exactly one rank, so the counts add up to the test set size for any world_size.
+    - ``test/misclassified``: up to ``max_images`` misclassified test digits, each titled
+      ``true / pred``: the first ``max_images`` of each rank's shard, gathered in rank order.
+      Not written when every test digit is classified correctly.
+
+    ``test_step`` must return the predicted classes of its batch, ``(N,)`` int64, and batches
+    must be ``(images (N, 1, 28, 28), labels (N,))``.
+
+    Args:
+        max_images: most misclassified digits shown (default 64).
+    """
+
+    def __init__(self, max_images: int = 64) -> None:
+        self.max_images = max_images
+        self._confusion: MulticlassConfusionMatrix | None = None
+        self._wrong: list[tuple[Tensor, Tensor, Tensor]] = []
+        self._wrong_count = 0
+
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._confusion = MulticlassConfusionMatrix(NUM_CLASSES).to(pl_module.device)
+        self._wrong, self._wrong_count = [], 0
+
+    def on_test_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Tensor, batch, batch_idx, dataloader_idx=0
+    ) -> None:
+        images, labels = batch
+        self._confusion.update(outputs, labels)
+        wrong = (outputs != labels).nonzero().flatten()[: self.max_images - self._wrong_count]
+        if len(wrong):
+            self._wrong.append((images[wrong], labels[wrong], outputs[wrong]))
+            self._wrong_count += len(wrong)
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Both are collectives over the process group: every rank runs them, rank 0 writes.
+        matrix = self._confusion.compute()
+        images, labels, preds = self._gather_wrong(trainer, pl_module)
+        for writer in tensorboard_writers(trainer):
+            writer.add_figure("test/confusion_matrix", confusion_matrix_figure(matrix), global_step=trainer.global_step)
+            if len(images):
+                titles = [f"{true} / {pred}" for true, pred in zip(labels.tolist(), preds.tolist())]
+                writer.add_figure("test/misclassified", digit_grid(images, titles), global_step=trainer.global_step)
+
+    def _gather_wrong(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[Tensor, Tensor, Tensor]:
+        """Every rank's misclassified digits, the first ``max_images`` in rank order: images
+        ``(K, 1, 28, 28)``, true and predicted classes ``(K,)``."""
+        # all_gather needs the same shapes on every rank: pad to max_images, marking padding with label -1.
+        padded = {
+            "images": torch.zeros(self.max_images, 1, 28, 28, device=pl_module.device),
+            "labels": torch.full((self.max_images,), -1, dtype=torch.long, device=pl_module.device),
+            "preds": torch.full((self.max_images,), -1, dtype=torch.long, device=pl_module.device),
+        }
+        if self._wrong:
+            for key, values in zip(padded, map(torch.cat, zip(*self._wrong))):
+                padded[key][: len(values)] = values
+        gathered = pl_module.all_gather(padded)  # each (world_size, max_images, ...)
+        images = gathered["images"].reshape(-1, 1, 28, 28)
+        labels, preds = gathered["labels"].reshape(-1), gathered["preds"].reshape(-1)
+        keep = (labels >= 0).nonzero().flatten()[: self.max_images]
+        return images[keep], labels[keep], preds[keep]

@@ -1,0 +1,100 @@
+"""How fast a DDP run trains, measured by every process: is every device pulling its weight?"""
+
+import time
+
+import lightning as L
+import torch
+from torch import Tensor
+
+MIB = 2**20
+
+
+class DistributedThroughputMonitor(L.Callback):
+    """Logs training throughput of the whole run and of each rank, epoch time and peak GPU memory.
+
+    Lightning's own ``ThroughputMonitor`` times global rank 0 alone and reports rank 0's rate
+    times world_size as the global rate, so a rank that lags (a slower GPU, a busy host) cannot
+    show there. Here every rank times its own steps, and the figures are gathered to rank 0 with
+    one ``all_gather`` of a few numbers per window (negligible next to the gradient AllReduce of
+    every step). A window is ``log_every_n_steps`` optimizer steps, or what is left of the epoch;
+    validation is not in any window.
+
+    Tags, on the optimizer-step axis of ``train/loss`` (written by global rank 0):
+
+    - ``throughput/samples_per_sec``: training samples of all ranks in the window divided by
+      the window's wall time on the slowest rank (samples/s).
+    - ``throughput/rank_{r}/samples_per_sec``: samples of global rank ``r`` divided by its own
+      time for the window (samples/s); one tag per rank.
+    - ``time/epoch_s``: wall time of each training epoch, from its start to its end, including
+      the validation that ends it (seconds, global rank 0's clock).
+    - ``memory/rank_{r}/peak_mib``: the most GPU memory held by tensors on global rank ``r``
+      during the epoch (``torch.cuda.max_memory_allocated``; MiB = 2**20 bytes). GPU runs only.
+
+    Batches are ``(images, labels)`` pairs; a batch's sample count is ``len(images)``.
+
+    Args:
+        log_every_n_steps: optimizer steps per throughput window (default None: the Trainer's
+            ``log_every_n_steps``, so throughput is logged on the steps ``train/loss`` is).
+    """
+
+    def __init__(self, log_every_n_steps: int | None = None) -> None:
+        self.log_every_n_steps = log_every_n_steps
+        self._epoch_start = self._window_start = 0.0
+        self._window_start_step = 0
+        self._window_samples = 0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(pl_module.device)
+        self._epoch_start = self._start_window(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        self._window_samples += len(batch[0])
+        every = self.log_every_n_steps or trainer.log_every_n_steps
+        step = trainer.global_step
+        window_full = step > self._window_start_step and step % every == 0
+        if window_full or batch_idx + 1 == trainer.num_training_batches:
+            self._end_window(trainer, pl_module)
+            self._start_window(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        metrics = {"time/epoch_s": _clock(pl_module) - self._epoch_start}
+        if pl_module.device.type == "cuda":
+            peak = torch.tensor([torch.cuda.max_memory_allocated(pl_module.device) / MIB], device=pl_module.device)
+            for rank, (mib,) in enumerate(_gather(trainer, pl_module, peak).tolist()):
+                metrics[f"memory/rank_{rank}/peak_mib"] = mib
+        _log(trainer, metrics)
+
+    def _start_window(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
+        self._window_start = _clock(pl_module)
+        self._window_start_step = trainer.global_step
+        self._window_samples = 0
+        return self._window_start
+
+    def _end_window(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        seconds = _clock(pl_module) - self._window_start
+        local = torch.tensor([self._window_samples, seconds], dtype=torch.float64, device=pl_module.device)
+        samples, seconds = _gather(trainer, pl_module, local).T  # (world_size,) each
+        metrics = {"throughput/samples_per_sec": (samples.sum() / seconds.max()).item()}
+        for rank, rate in enumerate((samples / seconds).tolist()):
+            metrics[f"throughput/rank_{rank}/samples_per_sec"] = rate
+        _log(trainer, metrics)
+
+
+def _clock(pl_module: L.LightningModule) -> float:
+    """``time.perf_counter()`` (seconds) once the GPU has finished the work queued so far."""
+    if pl_module.device.type == "cuda":
+        torch.cuda.synchronize(pl_module.device)
+    return time.perf_counter()
+
+
+def _gather(trainer: L.Trainer, pl_module: L.LightningModule, values: Tensor) -> Tensor:
+    """Every rank's ``(K,)`` values as ``(world_size, K)``, row ``r`` from global rank ``r``."""
+    # A single-device strategy returns the tensor itself, without the leading world_size dim.
+    return pl_module.all_gather(values).reshape(trainer.world_size, -1)
+
+
+def _log(trainer: L.Trainer, metrics: dict[str, float]) -> None:
+    if trainer.is_global_zero:
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
