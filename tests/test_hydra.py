@@ -7,6 +7,8 @@ import re
 import pytest
 import torch
 from conftest import DETERMINISTIC, ranks_in_log, read_scalars, run_cli
+from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from mnist_ddp.errors import UsageError
 from mnist_ddp.preflight import check_command_line
@@ -61,6 +63,15 @@ def test_a_sweep_runs_each_job_once_with_its_own_ddp_processes_and_directory(syn
         ports.append(json.loads((job_dir / "ddp.json").read_text())["master_port"])
     assert fingerprints(sweep / "0") != fingerprints(sweep / "1")
     assert ports[0] != ports[1], "each job starts its own process group"
+    # TensorBoard on the sweep directory: one run per job, side by side, each with its own HPARAMS row.
+    runs = EventMultiplexer().AddRunsFromDirectory(str(sweep))
+    runs.Reload()
+    sessions = {
+        run: HParamsPluginData.FromString(tags["_hparams_/session_start_info"]).session_start_info.hparams
+        for run, tags in runs.PluginRunToTagToContent("hparams").items()
+    }
+    assert sorted(sessions) == ["0/tensorboard", "1/tensorboard"]
+    assert [sessions[f"{job}/tensorboard"]["global_batch_size"].number_value for job in "01"] == [32, 64]
 
 
 # --- outputs of one job ----------------------------------------------------------------------

@@ -140,6 +140,7 @@ def test_hparams_table_shows_the_config_layout_and_final_metrics(board):
     assert hparams["global_batch_size"] == hparams["data.global_batch_size"] == 64
     assert hparams["per_device_batch_size"] == 32
     assert hparams["model.net.channels"] == "[32, 64]" and hparams["trainer.devices"] == 2
+    assert hparams["lr_scaling.rule"] == "none" and hparams["effective_lr"] == hparams["model.optimizer.lr"]
     values = {value["name"]["tag"]: value["value"] for value in group["metricValues"]}
     assert values["test/acc"] == pytest.approx(metrics["test/acc"], abs=1e-7)
     assert values["val/acc"] == pytest.approx(metrics["val/acc"], abs=1e-7), "the best checkpoint's val/acc"

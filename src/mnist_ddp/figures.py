@@ -16,14 +16,17 @@ from torchmetrics.utilities.plot import plot_confusion_matrix
 from mnist_ddp.data import MNIST_MEAN, MNIST_STD
 
 
-def digit_grid(images: Tensor, titles: Sequence[str], columns: int = 8) -> Figure:
+def digit_grid(images: Tensor, titles: Sequence[str], heading: str = "", columns: int = 8) -> Figure:
     """A grid of digits, each with a title above it (its label, or true and predicted class).
+
+    The figure is ``1.2 * columns`` by ``1.4 * rows`` inches at 80 dpi: 768 x 112 pixels per row of 8.
 
     Args:
         images: ``(N, 1, 28, 28)`` float32, normalized as the DataModule serves them (mean
             :data:`~mnist_ddp.data.MNIST_MEAN`, std :data:`~mnist_ddp.data.MNIST_STD`); shown
             un-normalized, white on black as in the data set.
         titles: ``N`` strings, one per image.
+        heading: the figure's title, which says what the digit titles are (default none).
         columns: digits per row (default 8).
 
     Raises:
@@ -40,6 +43,8 @@ def digit_grid(images: Tensor, titles: Sequence[str], columns: int = 8) -> Figur
         if index < len(images):
             axes.imshow(pixels[index, 0].numpy(), cmap="gray", vmin=0, vmax=1)
             axes.set_title(titles[index], fontsize=9)
+    if heading:
+        figure.suptitle(heading, fontsize=10)
     return figure
 
 

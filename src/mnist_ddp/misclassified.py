@@ -18,7 +18,7 @@ class MisclassificationReport(L.Callback):
       predicted. torchmetrics sums the matrix over all ranks, and the test sampler gives each
       image to exactly one rank, so the counts add up to the test set size for any world_size.
     - ``test/misclassified``: up to ``max_images`` misclassified test digits, each titled
-      ``true / pred``: the first ``max_images`` of each rank's shard, gathered in rank order.
+      ``true → predicted``: the first ``max_images`` of each rank's shard, gathered in rank order.
       Not written when every test digit is classified correctly.
 
     ``test_step`` must return the predicted classes of its batch, ``(N,)`` int64, and batches
@@ -55,8 +55,9 @@ class MisclassificationReport(L.Callback):
         for writer in tensorboard_writers(trainer):
             writer.add_figure("test/confusion_matrix", confusion_matrix_figure(matrix), global_step=trainer.global_step)
             if len(images):
-                titles = [f"{true} / {pred}" for true, pred in zip(labels.tolist(), preds.tolist())]
-                writer.add_figure("test/misclassified", digit_grid(images, titles), global_step=trainer.global_step)
+                titles = [f"{true} → {pred}" for true, pred in zip(labels.tolist(), preds.tolist())]
+                figure = digit_grid(images, titles, heading="true class → predicted class")
+                writer.add_figure("test/misclassified", figure, global_step=trainer.global_step)
 
     def _gather_wrong(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[Tensor, Tensor, Tensor]:
         """Every rank's misclassified digits, the first ``max_images`` in rank order: images

@@ -2,7 +2,7 @@
 config as text, and one input batch as an image."""
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import lightning as L
 import torch.distributed as dist
@@ -35,14 +35,19 @@ class RunSummary(L.Callback):
 
     Args:
         config: the job's composed config.
+        extra_hparams: more HPARAMS columns, such as values derived from the config (default none).
         metrics: scalar tags shown as HPARAMS metrics (default ``("val/acc", "test/acc")``).
         max_images: digits in the input batch image (default 64).
     """
 
     def __init__(
-        self, config: DictConfig, metrics: Sequence[str] = ("val/acc", "test/acc"), max_images: int = 64
+        self,
+        config: DictConfig,
+        extra_hparams: Mapping[str, int | float | str] | None = None,
+        metrics: Sequence[str] = ("val/acc", "test/acc"),
+        max_images: int = 64,
     ) -> None:
-        self.hparams = flatten_config(config)
+        self.hparams = {**flatten_config(config), **(extra_hparams or {})}
         self.config_yaml = OmegaConf.to_yaml(config, resolve=True)
         self.global_batch_size = config.data.global_batch_size
         self.metrics = tuple(metrics)
@@ -70,7 +75,7 @@ class RunSummary(L.Callback):
             return
         images, labels = batch[0][: self.max_images], batch[1][: self.max_images]
         for writer in tensorboard_writers(trainer):
-            figure = digit_grid(images, [str(label) for label in labels.tolist()])
+            figure = digit_grid(images, [str(label) for label in labels.tolist()], heading="label")
             writer.add_figure("train/input_batch", figure, global_step=0)
 
 

@@ -47,14 +47,17 @@ def main(cfg: DictConfig) -> float:
     L.seed_everything(cfg.seed, workers=True)
 
     base_lr = cfg.model.optimizer.lr
-    cfg.model.optimizer.lr = scale_learning_rate(
+    effective_lr = scale_learning_rate(
         base_lr, cfg.data.global_batch_size, cfg.lr_scaling.reference_batch_size, cfg.lr_scaling.rule
     )
+    # HPARAMS and the config text show the config as composed (the lr a sweep set), plus the rate in use.
+    run_summary = RunSummary(cfg, extra_hparams={"effective_lr": effective_lr})
+    cfg.model.optimizer.lr = effective_lr
 
     # Build everything before any process launches, so a bad argument fails here, once.
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     model: L.LightningModule = instantiate(cfg.model)
-    trainer, layout = build_trainer(cfg, extra_callbacks=[RunSummary(cfg)])
+    trainer, layout = build_trainer(cfg, extra_callbacks=[run_summary])
     info(
         "Data parallel: world_size={world_size}, global batch {global_batch_size} = "
         "{per_device_batch_size} per device x {world_size} processes x {accumulate_grad_batches} "
