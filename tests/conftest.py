@@ -20,14 +20,20 @@ def write_idx(path: Path, array: np.ndarray) -> None:
 
 
 def make_synthetic_mnist(
-    root: Path, n_train: int = 1200, n_test: int = 300, label_noise: float = 0.0, seed: int = 0
+    root: Path,
+    n_train: int = 1200,
+    n_test: int = 300,
+    label_noise: float = 0.0,
+    test_label_noise: float | None = None,
+    seed: int = 0,
 ) -> Path:
     """MNIST-shaped IDX files in ``root/MNIST/raw/`` that a CNN learns in a few steps.
 
     Each image is faint noise plus a bright 6x6 patch whose position encodes its class (0..9),
     so the real loading code runs and a working training loop reaches high accuracy quickly.
     A fraction ``label_noise`` of the labels is replaced by random classes, which keeps the
-    accuracy below 100% (so that counting a sample twice would change it).
+    accuracy below 100% (so that counting a sample twice would change it); ``test_label_noise``,
+    if given, is the fraction for the test split instead.
     """
     rng = np.random.default_rng(seed)
     raw = root / "MNIST" / "raw"
@@ -40,7 +46,7 @@ def make_synthetic_mnist(
             # Bright but not flat: identical patches would make exactly tied max-pool inputs, whose
             # argmax (and so the gradient) flips with float rounding, and equivalence checks with it.
             images[i, r : r + 6, c : c + 6] = rng.integers(190, 256, (6, 6))
-        noisy = rng.random(n) < label_noise
+        noisy = rng.random(n) < (label_noise if prefix == "train" or test_label_noise is None else test_label_noise)
         labels[noisy] = rng.integers(0, 10, noisy.sum())
         write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
         write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
@@ -49,9 +55,9 @@ def make_synthetic_mnist(
 
 @pytest.fixture(scope="session")
 def synthetic_data_dir(tmp_path_factory) -> Path:
-    """1,200 training and 300 test images; 2% of the labels are noise, so a few test digits come
-    out misclassified (TensorBoard's test/misclassified image is then written)."""
-    return make_synthetic_mnist(tmp_path_factory.mktemp("synthetic"), label_noise=0.02)
+    """1,200 training and 300 test images; 2% of the test labels are noise, so a few test digits
+    come out misclassified (TensorBoard's test/misclassified image is then written)."""
+    return make_synthetic_mnist(tmp_path_factory.mktemp("synthetic"), test_label_noise=0.02)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, cli_command, cli_env, run_cli
+from conftest import REPO, cli_command, cli_env, read_scalars, run_cli
 
 from mnist_ddp.distributed import check_device_options
 from mnist_ddp.errors import ConfigValueError
@@ -102,6 +102,10 @@ def test_sync_batchnorm_and_nccl_on_a_gpu(synthetic_data_dir, tmp_path):
         "strategy=ddp_nccl", "strategy.comm_hook=fp16", log_dir=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    settings = json.loads(next((tmp_path / "runs").iterdir()).joinpath("ddp.json").read_text())
+    run = next((tmp_path / "runs").iterdir())
+    settings = json.loads(run.joinpath("ddp.json").read_text())
     assert settings["backend"] == "nccl" and settings["sync_batchnorm"] is True
     assert settings["comm_hook"] == "fp16_compress_hook" and settings["static_graph"] is True
+    # The GPU's own monitoring: peak memory of the one rank, more than the 0.7 MiB of parameters.
+    (peak_mib,) = read_scalars(run / "tensorboard")["memory/rank_0/peak_mib"]
+    assert 0.7 < peak_mib < 10_000

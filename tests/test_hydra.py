@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 from conftest import DETERMINISTIC, ranks_in_log, read_scalars, run_cli
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
@@ -110,6 +111,11 @@ def test_eval_reports_the_training_runs_test_metrics_with_two_processes(trained,
     assert metrics["world_size"] == 2 and ranks_in_log(evaluation, "eval") == {0, 1}
     assert metrics["test/acc"] == expected["test/acc"]
     assert metrics["test/loss"] == pytest.approx(expected["test/loss"], rel=1e-6)
+    # Its own TensorBoard run holds the test images too: the same misclassified digits, pixel for pixel.
+    evaluated, trained_run = (EventAccumulator(str(d / "tensorboard")).Reload() for d in (evaluation, run))
+    assert set(evaluated.Tags()["images"]) == {"test/confusion_matrix", "test/misclassified"}
+    (grid,), (trained_grid,) = evaluated.Images("test/misclassified"), trained_run.Images("test/misclassified")
+    assert grid.encoded_image_string == trained_grid.encoded_image_string
 
 
 # --- resume ----------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ class DistributedThroughputMonitor(L.Callback):
         self._window_samples = 0
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if pl_module.device.type == "cuda":
+        if _on_gpu(pl_module):
             torch.cuda.reset_peak_memory_stats(pl_module.device)
         self._epoch_start = self._start_window(trainer, pl_module)
 
@@ -59,7 +59,7 @@ class DistributedThroughputMonitor(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         metrics = {"time/epoch_s": _clock(pl_module) - self._epoch_start}
-        if pl_module.device.type == "cuda":
+        if _on_gpu(pl_module):
             peak = torch.tensor([torch.cuda.max_memory_allocated(pl_module.device) / MIB], device=pl_module.device)
             for rank, (mib,) in enumerate(_gather(trainer, pl_module, peak).tolist()):
                 metrics[f"memory/rank_{rank}/peak_mib"] = mib
@@ -81,9 +81,13 @@ class DistributedThroughputMonitor(L.Callback):
         _log(trainer, metrics)
 
 
+def _on_gpu(pl_module: L.LightningModule) -> bool:
+    return pl_module.device.type == "cuda"
+
+
 def _clock(pl_module: L.LightningModule) -> float:
     """``time.perf_counter()`` (seconds) once the GPU has finished the work queued so far."""
-    if pl_module.device.type == "cuda":
+    if _on_gpu(pl_module):
         torch.cuda.synchronize(pl_module.device)
     return time.perf_counter()
 
