@@ -110,6 +110,8 @@ def test_scalars_served_hold_the_run_metrics_throughput_and_epoch_times(board):
     total = STEPS_PER_EPOCH * EPOCHS
     epoch_ends = range(STEPS_PER_EPOCH, total + 1, STEPS_PER_EPOCH)
     expected_steps = sorted({*range(LOG_EVERY, total + 1, LOG_EVERY), *epoch_ends})
+    # Logged at the index of each window's last step (0-based), as Lightning logs train/loss.
+    expected_steps = [step - 1 for step in expected_steps]
     overall = scalar_points(server, run, "throughput/samples_per_sec")
     per_rank = [scalar_points(server, run, f"throughput/rank_{rank}/samples_per_sec") for rank in (0, 1)]
     assert [step for step, _ in overall] == expected_steps
@@ -121,7 +123,7 @@ def test_scalars_served_hold_the_run_metrics_throughput_and_epoch_times(board):
         assert min(rates) <= value <= sum(rates) * (1 + 1e-6)
 
     epoch_times = scalar_points(server, run, "time/epoch_s")
-    assert [step for step, _ in epoch_times] == list(epoch_ends)
+    assert [step for step, _ in epoch_times] == [step for step, _ in val_acc[:EPOCHS]] == [s - 1 for s in epoch_ends]
     assert all(0 < seconds < 300 for _, seconds in epoch_times)
 
 
@@ -208,10 +210,10 @@ def test_throughput_windows_straggler_arithmetic_and_peak_gpu_memory(monkeypatch
                 "throughput/rank_1/samples_per_sec": rank_1}  # fmt: skip
 
     # Window 1: steps 1-2, rank 0 64 samples in 2 s, rank 1 128 in 4 s: 192 samples / 4 s overall.
-    # Window 2: the epoch's last step, 32 samples in 2 s and 64 in 4 s.
+    # Window 2: the epoch's last step, 32 samples in 2 s and 64 in 4 s. Steps are logged 0-based.
     assert logged == [
-        (2, rates(48.0, 32.0, 32.0)),
-        (3, rates(24.0, 16.0, 16.0)),
-        (3, {"time/epoch_s": 5.0, "memory/rank_0/peak_mib": 512.0, "memory/rank_1/peak_mib": 1024.0}),
+        (1, rates(48.0, 32.0, 32.0)),
+        (2, rates(24.0, 16.0, 16.0)),
+        (2, {"time/epoch_s": 5.0, "memory/rank_0/peak_mib": 512.0, "memory/rank_1/peak_mib": 1024.0}),
     ]
     assert synced == [0.0, 2.0, 2.0, 4.0, 4.0, 5.0], "the GPU is synchronized before each clock reading"

@@ -19,7 +19,7 @@ class DistributedThroughputMonitor(L.Callback):
     every step). A window is ``log_every_n_steps`` optimizer steps, or what is left of the epoch;
     validation is not in any window.
 
-    Tags, on the optimizer-step axis of ``train/loss`` (written by global rank 0):
+    Tags, on the optimizer-step axis of ``train/loss`` and ``val/*`` (written by global rank 0):
 
     - ``throughput/samples_per_sec``: training samples of all ranks in the window divided by
       the window's wall time on the slowest rank (samples/s).
@@ -101,4 +101,5 @@ def _gather(trainer: L.Trainer, pl_module: L.LightningModule, values: Tensor) ->
 def _log(trainer: L.Trainer, metrics: dict[str, float]) -> None:
     if trainer.is_global_zero:
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+            # At the index of the window's last step, as Lightning logs train/loss and epoch values.
+            logger.log_metrics(metrics, step=trainer.global_step - 1)
