@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -49,6 +50,55 @@ def test_a_crashing_rank_ends_every_process_within_30_seconds(synthetic_data_dir
     print(f"rank 1 raised; every process gone {seconds:.1f} s later (exit status {result.returncode})")
     assert seconds < 30
     assert processes_mentioning(str(tmp_path / "logs")) == [], "a process of the run is still alive"
+
+
+def test_a_killed_rank_ends_the_job_within_30_seconds_and_the_last_checkpoint_survives(synthetic_data_dir, tmp_path):
+    # SIGKILL, as the kernel's OOM killer or a lost node does: no Python cleanup in that process.
+    # Rank 1 dies at step 20, in epoch 1 of 2; last.ckpt holds epoch 0 (16 steps).
+    record = tmp_path / "record.jsonl"
+    result = run_cli(
+        f"data.data_dir={synthetic_data_dir}", *(o for o in QUICK if "max_epochs" not in o), "trainer.max_epochs=2",
+        "+callbacks.kill._target_=probes.ElasticProbe", f"+callbacks.kill.record={record}",
+        "+callbacks.kill.kill_rank=1", "+callbacks.kill.kill_step=20", log_dir=tmp_path / "logs", timeout=300,
+    )  # fmt: skip
+    ended = time.time()
+    killed = json.loads(record.read_text().splitlines()[-1])
+    assert killed["killed_step"] == 20 and result.returncode != 0
+    seconds = ended - killed["time"]
+    print(f"rank 1 killed; every process gone {seconds:.1f} s later (exit status {result.returncode})")
+    assert seconds < 30
+    assert processes_mentioning(str(tmp_path / "logs")) == [], "a process of the run is still alive"
+    (run,) = (tmp_path / "logs" / "runs").iterdir()
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert (last["epoch"], last["global_step"]) == (0, 16)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch_000.ckpt", "last.ckpt"]
+
+
+# Saves checkpoint A, then B over it through AtomicCheckpointIO; B's save hangs where it flushes
+# the file to disk (os.fsync made to hang), so the kill below lands after B's bytes are written and
+# before B replaces A: certain timing, where a real kill would land anywhere in the save.
+SAVE_THEN_HANG = """
+import os, sys, time, torch
+from mnist_ddp.checkpoint_io import AtomicCheckpointIO
+checkpoint_io = AtomicCheckpointIO()
+checkpoint_io.save_checkpoint({"weights": torch.ones(1_000_000)}, sys.argv[1])
+os.fsync = lambda fd: (print("B written", flush=True), time.sleep(600))
+checkpoint_io.save_checkpoint({"weights": torch.zeros(1_000_000)}, sys.argv[1])
+"""
+
+
+def test_a_kill_while_saving_leaves_the_previous_checkpoint_whole(tmp_path):
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    child = subprocess.Popen([sys.executable, "-c", SAVE_THEN_HANG, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "B written\n"
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    assert torch.equal(torch.load(path, weights_only=True)["weights"], torch.ones(1_000_000)), "A, whole"
+    (leftover,) = [p for p in path.parent.iterdir() if p != path]
+    assert leftover.name.startswith(".last.ckpt.") and leftover.name.endswith(".tmp"), "B stayed beside it"
+    assert torch.equal(torch.load(leftover, weights_only=True)["weights"], torch.zeros(1_000_000))
 
 
 def test_two_runs_started_at_once_use_different_rendezvous_ports(synthetic_data_dir, tmp_path):

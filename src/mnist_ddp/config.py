@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from mnist_ddp.distributed import LRScaling
+from mnist_ddp.job import run_stamp
 from mnist_ddp.strategy import CommHook
 
 #: ``conf/`` at the repository root; the entry points read their configs from here.
@@ -34,6 +35,7 @@ class DataConfig:
     split_seed: int = MISSING
     shuffle_seed: int = MISSING
     num_workers: int = 0
+    prepare_data_per_node: bool = True
 
 
 @dataclass
@@ -98,7 +100,8 @@ class StrategyConfig:
 
     Values come from ``conf/strategy/*.yaml``; the README's table gives each default and meaning.
     ``process_group_backend`` ``None`` lets Lightning choose: NCCL on CUDA devices, gloo on CPU.
-    ``timeout`` is a ``datetime.timedelta`` node (``_target_``), so Hydra builds it.
+    ``timeout`` is a ``datetime.timedelta`` node (``_target_``), so Hydra builds it; so is
+    ``checkpoint_io`` (a Lightning ``CheckpointIO``; None: Lightning's own).
     """
 
     _target_: str = "mnist_ddp.strategy.CommHookDDPStrategy"
@@ -113,6 +116,7 @@ class StrategyConfig:
     comm_hook: CommHook = CommHook.none
     powersgd_rank: int = 1
     powersgd_start_iter: int = 10
+    checkpoint_io: Any = None
 
 
 @dataclass
@@ -186,6 +190,9 @@ class EvalConfig:
 
 
 def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore (named in ``conf/config.yaml`` and ``conf/eval.yaml``)."""
+    """Store the schemas in Hydra's ConfigStore (named in ``conf/config.yaml`` and ``conf/eval.yaml``),
+    and register the ``${run_stamp:}`` resolver of the run directory names (:func:`mnist_ddp.job.run_stamp`)."""
+    if not OmegaConf.has_resolver("run_stamp"):
+        OmegaConf.register_new_resolver("run_stamp", run_stamp)
     ConfigStore.instance().store(name="config_schema", node=Config)
     ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
