@@ -148,11 +148,15 @@ def run_cli(
     )
 
 
-def read_scalars(event_dir: Path) -> dict[str, list[float]]:
-    """Every scalar tag in the TensorBoard event files of ``event_dir``, read with TensorBoard's own reader."""
+def read_scalars(event_dir: Path, steps: bool = False) -> dict[str, list]:
+    """Every scalar tag in the TensorBoard event files of ``event_dir``, read with TensorBoard's own
+    reader: its values, or ``(step, value)`` pairs with ``steps=True``."""
     events = EventAccumulator(str(event_dir), size_guidance={"scalars": 0})
     events.Reload()
-    return {tag: [event.value for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    return {
+        tag: [(event.step, event.value) if steps else event.value for event in events.Scalars(tag)]
+        for tag in events.Tags()["scalars"]
+    }
 
 
 def ranks_in_log(run_dir: Path, job: str = "train") -> set[int]:

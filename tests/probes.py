@@ -7,6 +7,8 @@
 """
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -64,3 +66,40 @@ class StopAfterEpoch(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.current_epoch == self.epoch:
             trainer.should_stop = True
+
+
+class ElasticProbe(L.Callback):
+    """For torchrun restart tests: appends one JSON line to ``record`` per training start (global
+    rank 0: attempt = torchrun's restart count, the epoch and step fit starts from, the time), and
+    on ``kill_rank`` in the first attempt, at optimizer step ``kill_step``, writes its pid and the
+    time and kills its own process with SIGKILL, as a lost node or an OOM kill would."""
+
+    def __init__(self, record: str, kill_rank: int, kill_step: int) -> None:
+        self.record, self.kill_rank, self.kill_step = Path(record), kill_rank, kill_step
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+    def _append(self, **entry) -> None:
+        with self.record.open("a") as file:
+            file.write(json.dumps({**entry, "attempt": self.attempt, "time": time.time()}) + "\n")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_rank == 0:
+            self._append(start_epoch=trainer.current_epoch, start_step=trainer.global_step, pid=os.getpid())
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.attempt == 0 and trainer.global_rank == self.kill_rank and trainer.global_step == self.kill_step:
+            self._append(killed_step=trainer.global_step, pid=os.getpid())
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RankRecorder(L.Callback):
+    """Writes ``out_dir/rank<global_rank>.json``: the global rank, local rank, node rank and world size
+    Lightning gave this process, and its pid."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        ranks = {key: getattr(trainer, key) for key in ("global_rank", "local_rank", "node_rank", "world_size")}
+        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps({**ranks, "pid": os.getpid()}))

@@ -98,6 +98,9 @@ class MNISTDataModule(L.LightningDataModule):
         shuffle_seed: seed of the training sampler's per-epoch permutation.
         num_workers: DataLoader worker processes per DDP process; 0 (default) since the data is
             already in memory.
+        prepare_data_per_node: True (default): ``prepare_data`` (the download, if the files are
+            missing) runs on local rank 0 of every node, for a ``data_dir`` on node-local disks.
+            False: on global rank 0 only, for a ``data_dir`` on a filesystem all nodes share.
 
     Raises:
         ConfigValueError: from :meth:`setup` when ``val_size`` leaves no training images.
@@ -113,10 +116,12 @@ class MNISTDataModule(L.LightningDataModule):
         split_seed: int = 0,
         shuffle_seed: int = 0,
         num_workers: int = 0,
+        prepare_data_per_node: bool = True,
     ) -> None:
         super().__init__()
         # Hyperparameters are logged once for the whole composed config by the entry point.
         self.save_hyperparameters(logger=False)
+        self.prepare_data_per_node = prepare_data_per_node  # read by Lightning
         self.data_dir = Path(data_dir)
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None

@@ -8,7 +8,9 @@ each child, and a child runs exactly that job (:func:`ddp_child_argv`), in the s
 logging into the same ``<job name>.log`` with its rank in every line (:class:`RankFilter`).
 
 Under torchrun or SLURM every process is started by the launcher with the same command line,
-so none of this applies there.
+so none of this applies there; what they need instead is a run directory whose name every
+process computes alike (:func:`run_stamp`) and a resume after the launcher restarts the job
+(:func:`launcher_restarts`).
 """
 
 import json
@@ -16,9 +18,11 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 #: Environment variable carrying the job (overrides, output directory) to the DDP children.
@@ -74,6 +78,40 @@ def ddp_child_argv(argv: Sequence[str], environ: os._Environ | dict) -> list[str
         # The same job name, so the same log file: <output_dir>/<name>.log.
         f"hydra.job.name={job['name']}",
     ]
+
+
+def run_stamp() -> str:
+    """The name of a run's directory (Hydra's ``${run_stamp:}``), the same in every process of it.
+
+    - Under torchrun: ``torchrun-<run id>``, the rendezvous id (``--rdzv-id``; with
+      ``--standalone`` a random id per torchrun command). It stays the same when torchrun
+      restarts the workers, so the restarted job finds its own checkpoints.
+    - Under SLURM (tasks started by ``srun``): ``slurm-<job id>.<step id>``, also unchanged when
+      SLURM requeues the job.
+    - Otherwise the start time, ``%Y-%m-%d_%H-%M-%S.%f`` (microseconds keep two runs apart); the
+      DDP processes Lightning starts itself are given their parent's directory instead.
+
+    Launcher-started processes cannot use the start time: each would get its own.
+    """
+    if TorchElasticEnvironment.detect():
+        return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
+    if SLURMEnvironment.detect():
+        return f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
+    return datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")
+
+
+def launcher_rank() -> int:
+    """This process's global rank when torchrun or SLURM started it (``RANK`` / ``SLURM_PROCID``), else 0."""
+    for environment in (TorchElasticEnvironment, SLURMEnvironment):
+        if environment.detect():
+            return environment().global_rank()
+    return 0
+
+
+def launcher_restarts() -> int:
+    """How many times the launcher has restarted this job: torchrun's ``TORCHELASTIC_RESTART_COUNT``
+    (``--max-restarts``), SLURM's ``SLURM_RESTART_COUNT`` (requeues); 0 otherwise."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or 0)
 
 
 class RankFilter(logging.Filter):

@@ -31,7 +31,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from mnist_ddp.config import CONFIG_DIR, register_configs
 from mnist_ddp.distributed import check_device_options, per_device_batch_size, resolve_devices
 from mnist_ddp.errors import ConfigValueError, UsageError
-from mnist_ddp.job import ddp_child_argv, is_ddp_child
+from mnist_ddp.job import ddp_child_argv, is_ddp_child, launcher_rank
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,10 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
     if is_ddp_child(os.environ):
         sys.argv = ddp_child_argv(sys.argv, os.environ)
     else:
+        if launcher_rank() > 0:
+            # torchrun / srun start every process with the same command: global rank 0 writes the
+            # job's .hydra/ config, the others must not write it again at the same time.
+            sys.argv.append("hydra.output_subdir=null")
         try:
             check_command_line(config_name, sys.argv[1:])
         except UsageError as error:

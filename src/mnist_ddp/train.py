@@ -20,11 +20,11 @@ from omegaconf import DictConfig
 from mnist_ddp.config import CONFIG_DIR, register_configs
 from mnist_ddp.distributed import scale_learning_rate
 from mnist_ddp.errors import exit_on_usage_error
-from mnist_ddp.job import ddp_job
+from mnist_ddp.job import ddp_job, launcher_restarts
 from mnist_ddp.outputs import config_fingerprint, write_json
 from mnist_ddp.preflight import run_entry_point
 from mnist_ddp.run_summary import RunSummary
-from mnist_ddp.trainer import build_trainer, prepare_data_before_launch
+from mnist_ddp.trainer import build_trainer, checkpoint_to_resume, prepare_data_before_launch
 
 log = logging.getLogger(__name__)
 # Every process runs this file; messages about the whole run come from global rank 0 only.
@@ -69,8 +69,13 @@ def main(cfg: DictConfig) -> float:
     )
     prepare_data_before_launch(trainer, datamodule)
 
+    ckpt_path = checkpoint_to_resume(cfg.ckpt_path, trainer)
+    if restarts := launcher_restarts():
+        resume = {None: "Lightning's SLURM requeue checkpoint", "last": "the run's latest checkpoint"}
+        info(f"Restart {restarts} of this job by its launcher: fit resumes from {resume.get(ckpt_path, ckpt_path)}")
+
     with ddp_job():
-        trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
         # The best checkpoint by val/acc; without one (fast_dev_run saves none) the final weights.
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
         (val,) = trainer.validate(model, datamodule=datamodule, ckpt_path=best or None)

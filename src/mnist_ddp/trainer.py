@@ -1,12 +1,14 @@
 """The DDP Trainer, built from the composed config, with the checks that must pass before launch."""
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from mnist_ddp.distributed import check_device_options, per_device_batch_size, resolve_devices
+from mnist_ddp.job import launcher_restarts
 
 
 def build_trainer(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> tuple[L.Trainer, dict[str, int]]:
@@ -65,3 +67,19 @@ def prepare_data_before_launch(trainer: L.Trainer, datamodule: L.LightningDataMo
     """
     if not trainer.strategy.cluster_environment.creates_processes_externally:
         datamodule.prepare_data()
+
+
+def checkpoint_to_resume(ckpt_path: str | None, trainer: L.Trainer) -> str | None:
+    """What ``trainer.fit`` resumes from: ``ckpt_path`` when given; otherwise, when the launcher has
+    restarted this job (torchrun ``--max-restarts``, a SLURM requeue: :func:`launcher_restarts`),
+    ``"last"``, which Lightning resolves to the newest ``last.ckpt`` of the run's checkpoint
+    callbacks. The run directory is the same across restarts (:func:`mnist_ddp.job.run_stamp`), so
+    that is this run's own latest checkpoint; a job that died before its first checkpoint starts
+    afresh (Lightning warns). A checkpoint saved by Lightning's SLURM auto-requeue (SIGUSR1,
+    ``hpc_ckpt_<n>.ckpt`` in the run directory) is newer: then None, and Lightning resumes from it.
+    """
+    if ckpt_path is not None or launcher_restarts() == 0:
+        return ckpt_path
+    if any(Path(trainer.default_root_dir).glob("hpc_ckpt_*.ckpt")):
+        return None
+    return "last"

@@ -1,0 +1,143 @@
+"""Launchers that start the processes themselves: torchrun (with an elastic restart) and SLURM.
+
+torchrun runs for real (``python -m torch.distributed.run``). SLURM cannot exist here: its
+``srun`` is simulated by a script that starts the tasks with the variables srun gives each task,
+on one node; everything after that (Lightning's SLURMEnvironment, gloo, the run) is real.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+from conftest import REPO, cli_command, cli_env, read_scalars
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from omegaconf import open_dict
+
+from mnist_ddp.config import CONFIG_DIR, register_configs
+from mnist_ddp.job import launcher_rank, run_stamp
+from mnist_ddp.trainer import build_trainer
+
+# 1,000 training images, 500 per rank in micro-batches of 32: 16 optimizer steps per epoch.
+SMALL = ("trainer.accelerator=cpu", "data.val_size=200", "data.global_batch_size=64")
+STEPS_PER_EPOCH = 16
+# torchrun shares its rendezvous TCPStore with the workers by default, and since the store keeps
+# the previous attempt's keys, restarted workers meet stale peer addresses (pytorch/pytorch#135712).
+# Opting out of the sharing is torch's documented workaround; the README says so too.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def torchrun(*torchrun_args: str, overrides: tuple[str, ...], log_dir, timeout: float = 600):
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *torchrun_args,
+        *cli_command(*overrides, log_dir=log_dir)[1:],
+    ]
+    return subprocess.run(
+        command, cwd=REPO, env=cli_env(**TORCHRUN_ENV), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_elastic_restart_resumes_from_the_latest_checkpoint_and_finishes(synthetic_data_dir, tmp_path):
+    # 3 epochs; rank 1 kills itself with SIGKILL at step 20 (epoch 1) in the first attempt only.
+    record = tmp_path / "record.jsonl"
+    result = torchrun(
+        "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+        overrides=(f"data.data_dir={synthetic_data_dir}", *SMALL, "trainer.devices=2", "trainer.max_epochs=3",
+                   "+callbacks.probe._target_=probes.ElasticProbe", f"+callbacks.probe.record={record}",
+                   "+callbacks.probe.kill_rank=1", "+callbacks.probe.kill_step=20"),
+        log_dir=tmp_path / "logs",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    first, killed, second = (json.loads(line) for line in record.read_text().splitlines())
+    assert (first["attempt"], first["start_step"]) == (0, 0) and killed == {**killed, "attempt": 0, "killed_step": 20}
+    # The restarted attempt starts where the last checkpoint (end of epoch 0) left off: only the
+    # 4 steps of epoch 1 done after it are redone, and no epoch is skipped.
+    assert (second["attempt"], second["start_epoch"], second["start_step"]) == (1, 1, STEPS_PER_EPOCH)
+    print(f"restart: {second['time'] - killed['time']:.1f} s from the kill to training again")
+
+    (run,) = (tmp_path / "logs" / "runs").iterdir()
+    assert run.name.startswith("torchrun-"), "one run directory across both attempts"
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert (last["epoch"], last["global_step"]) == (2, 3 * STEPS_PER_EPOCH), "the configured 3 epochs, ended"
+    log = (run / "train.log").read_text()
+    assert "Restart 1 of this job by its launcher: fit resumes from the run's latest checkpoint" in log
+    assert f"Restoring states from the checkpoint path at {run / 'checkpoints' / 'last.ckpt'}" in log
+    assert json.loads((run / "metrics.json").read_text())["test/acc"] > 0.9
+    # Validation after epochs 0 (first attempt), 1 and 2 (second attempt), then the best checkpoint;
+    # Lightning logs an epoch's values at the step index of its last batch.
+    val_steps = [STEPS_PER_EPOCH * epoch - 1 for epoch in (1, 2, 3)]
+    assert [step for step, _ in read_scalars(run / "tensorboard", steps=True)["val/acc"]][:3] == val_steps
+
+
+def test_sbatch_script_runs_under_simulated_slurm(synthetic_data_dir, tmp_path):
+    # Stand-in for srun on one node: one task per SLURM_NTASKS, with the variables srun sets per task.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\n"
+        "pids=()\n"
+        "for ((task = 0; task < SLURM_NTASKS; task++)); do\n"
+        '  SLURM_PROCID=$task SLURM_LOCALID=$task SLURM_NODEID=0 SLURM_STEP_ID=0 "$@" & pids+=($!)\n'
+        "done\n"
+        'status=0; for pid in "${pids[@]}"; do wait "$pid" || status=$?; done; exit $status\n'
+    )
+    (bin_dir / "srun").chmod(0o755)
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "mnist-ddp", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
+             "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODELIST": "127.0.0.1",
+             "SLURM_JOB_NODELIST": "127.0.0.1"}  # fmt: skip
+    # On CPU: the script's own knobs for CPU nodes; the rest is the script as users submit it.
+    knobs = {"PYTHON": sys.executable, "ACCELERATOR": "cpu", "STRATEGY": "ddp", "DATA_DIR": str(synthetic_data_dir)}
+    env = {key: value for key, value in cli_env(**slurm, **knobs).items() if key not in ("MASTER_ADDR", "MASTER_PORT")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    overrides = [f"paths.log_dir={tmp_path / 'logs'}", "trainer.max_epochs=1", "data.val_size=200",
+                 "data.global_batch_size=64", "+callbacks.ranks._target_=probes.RankRecorder",
+                 "+callbacks.ranks.out_dir=${paths.output_dir}/ranks"]  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(REPO / "slurm" / "train.sbatch"), *overrides],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    run = tmp_path / "logs" / "runs" / "slurm-4242.0"
+    ranks = sorted((json.loads(p.read_text()) for p in (run / "ranks").iterdir()), key=lambda r: r["global_rank"])
+    assert [(r["global_rank"], r["local_rank"], r["node_rank"], r["world_size"]) for r in ranks] == [
+        (0, 0, 0, 2), (1, 1, 0, 2)
+    ]  # fmt: skip
+    # Lightning's SLURMEnvironment picked the rendezvous port from the job id: 15000 + its last 4 digits.
+    assert json.loads((run / "ddp.json").read_text())["master_port"] == 15000 + 4242
+    assert sorted(p.name for p in (run / ".hydra").iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert json.loads((run / "metrics.json").read_text())["world_size"] == 2
+
+
+def test_slurm_variables_map_to_ranks_on_many_nodes(monkeypatch, tmp_path):
+    # Task 5 of 8 on 4 nodes (2 tasks each): the variables srun sets for it, with no cluster.
+    slurm = {"SLURM_JOB_ID": "1234567", "SLURM_JOB_NAME": "mnist-ddp", "SLURM_NTASKS": "8",
+             "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NUM_NODES": "4", "SLURM_NNODES": "4",
+             "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_STEP_ID": "0",
+             "SLURM_NODELIST": "gpu[07-10]"}  # fmt: skip
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    for key in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    assert run_stamp() == "slurm-1234567.0" and launcher_rank() == 5
+
+    register_configs()
+    overrides = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.num_nodes=4", f"paths.log_dir={tmp_path}"]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    trainer, layout = build_trainer(cfg)
+    environment = trainer.strategy.cluster_environment
+    assert isinstance(environment, SLURMEnvironment)
+    assert (environment.global_rank(), environment.local_rank(), environment.node_rank()) == (5, 1, 2)
+    assert environment.world_size() == layout["world_size"] == 8
+    assert (environment.main_address, environment.main_port) == ("gpu07", 15000 + 4567)
+    assert layout["per_device_batch_size"] == 128 // 8
