@@ -12,11 +12,24 @@ train on, 21 global batches of 48 per epoch for 1, 2, 3 and 4 processes alike. 3
 """
 
 import json
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import GLOBAL_BATCH, TRAIN_SIZE, VAL_SIZE, ranks_in_log, read_scalars
+from conftest import (
+    DETERMINISTIC,
+    GLOBAL_BATCH,
+    REPO,
+    TRAIN_SIZE,
+    VAL_SIZE,
+    cli_command,
+    cli_env,
+    ranks_in_log,
+    read_scalars,
+)  # fmt: skip
 
 from mnist_ddp.data import MNISTDataModule, load_mnist
 from mnist_ddp.model import CNN
@@ -210,3 +223,45 @@ def test_communication_hooks_run_on_gloo(run, name, hook, at_most):
     if at_most is not None:
         assert difference < at_most
     assert read_scalars(run(name) / "tensorboard")["val/acc"][-1] > 0.6, "still learns"
+
+
+# --- several nodes ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_torchrun_nodes_train_exactly_like_one_node_with_four_processes(run, noisy_data_dir, tmp_path):
+    # Two torchrun agents on 127.0.0.1 play two nodes of 2 processes each, meeting at a c10d
+    # rendezvous: world_size 4 over gloo, the way two machines would (only the network is local).
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=two-nodes"]  # fmt: skip
+    train = cli_command(
+        f"data.data_dir={noisy_data_dir}", *DETERMINISTIC, "trainer.devices=2", "trainer.num_nodes=2",
+        "+callbacks.ranks._target_=probes.RankRecorder", "+callbacks.ranks.out_dir=${paths.output_dir}/ranks",
+        log_dir=tmp_path,
+    )[1:]  # fmt: skip
+    nodes = [
+        subprocess.Popen(
+            [*torchrun, *train], cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    for node, output in [(node, node.communicate(timeout=600)[0]) for node in nodes]:
+        assert node.returncode == 0, output[-5000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name == "torchrun-two-nodes", "both nodes write one run directory"
+    ranks = [json.loads((run_dir / "ranks" / f"rank{rank}.json").read_text()) for rank in range(4)]
+    assert [(r["node_rank"], r["local_rank"], r["world_size"]) for r in ranks] == [
+        (0, 0, 4), (0, 1, 4), (1, 0, 4), (1, 1, 4)
+    ], "global rank = node_rank x 2 + local_rank"  # fmt: skip
+    one_node = run("ws4")
+    for epoch in (0, 1):
+        assert trained_indices(run_dir, 4, epoch) == trained_indices(one_node, 4, epoch), "the same shard per rank"
+    # The same four replicas, the same AllReduce: bit-identical parameters and metrics.
+    assert max_difference(params(run_dir), params(one_node)) == 0
+    metrics, reference = (json.loads((d / "metrics.json").read_text()) for d in (run_dir, one_node))
+    assert (metrics["test/acc"], metrics["val/acc"]) == (reference["test/acc"], reference["val/acc"])
