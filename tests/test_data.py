@@ -5,7 +5,14 @@ Ranks are simulated by attaching a stand-in for the Trainer that reports ``world
 test_train_cli.py.
 """
 
+import gzip
+import hashlib
+import http.server
 import os
+import subprocess
+import sys
+import threading
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -141,36 +148,71 @@ def test_prepare_data_without_files_or_network_names_folder_and_files(tmp_path, 
     assert not any(p.name.startswith(".download-") for p in data_dir.rglob("*"))
 
 
-def test_prepare_data_moves_a_complete_download_into_place(tmp_path, monkeypatch, synthetic_data_dir):
-    # Serve the synthetic files as a local "mirror" over HTTP on 127.0.0.1, gzipped and with their
-    # real MD5s patched into torchvision's resource list, so the real download path runs offline.
-    import gzip
-    import hashlib
-    import http.server
-    import threading
-    from functools import partial
-
-    mirror = tmp_path / "mirror"
-    mirror.mkdir()
+@pytest.fixture
+def mirror(tmp_path, monkeypatch, synthetic_data_dir):
+    """The synthetic files served as an MNIST mirror over HTTP on 127.0.0.1, gzipped as the real
+    mirrors serve them, with their MD5s patched into torchvision's resource list in this process:
+    the real download path runs offline. Yields the mirror's URL."""
+    mirror_dir = tmp_path / "mirror"
+    mirror_dir.mkdir()
     resources = []
     for name in MNIST_FILES:
-        archive = mirror / f"{name}.gz"
+        archive = mirror_dir / f"{name}.gz"
         archive.write_bytes(gzip.compress((synthetic_data_dir / "MNIST" / "raw" / name).read_bytes()))
         resources.append((archive.name, hashlib.md5(archive.read_bytes()).hexdigest()))
-    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(mirror))
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(mirror_dir))
     handler.log_message = lambda *args: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(MNIST, "resources", resources)
     try:
-        monkeypatch.setattr(MNIST, "mirrors", [f"http://127.0.0.1:{server.server_port}/"])
-        monkeypatch.setattr(MNIST, "resources", resources)
-        data_dir = tmp_path / "data"
-        MNISTDataModule(str(data_dir)).prepare_data()
+        yield f"http://127.0.0.1:{server.server_port}/"
     finally:
         server.shutdown()
+
+
+def assert_synthetic_files_in_place(data_dir: Path, synthetic_data_dir: Path) -> None:
     raw = data_dir / "MNIST" / "raw"
     assert sorted(os.listdir(raw)) == sorted(MNIST_FILES)
     for name in MNIST_FILES:
         assert (raw / name).read_bytes() == (synthetic_data_dir / "MNIST" / "raw" / name).read_bytes()
     assert os.listdir(data_dir / "MNIST") == ["raw"], "the temporary download folder must be gone"
+
+
+def test_prepare_data_moves_a_complete_download_into_place(tmp_path, monkeypatch, mirror, synthetic_data_dir):
+    monkeypatch.setattr(MNIST, "mirrors", [mirror])
+    data_dir = tmp_path / "data"
+    MNISTDataModule(str(data_dir)).prepare_data()
+    assert_synthetic_files_in_place(data_dir, synthetic_data_dir)
+    raw = data_dir / "MNIST" / "raw"
     assert np.frombuffer((raw / "t10k-labels-idx1-ubyte").read_bytes()[8:], np.uint8).size == 300
+
+
+def test_download_command_fetches_from_the_given_mirror(tmp_path, mirror, synthetic_data_dir):
+    # The command's main() in a subprocess, with its real arguments; --mirror points it at the local
+    # server. torchvision checks each archive against its MD5 list, so the child gets the synthetic
+    # archives' sums patched in first, as the fixture does in this process.
+    data_dir = tmp_path / "data"
+    wrapper = (
+        "import sys; from torchvision.datasets import MNIST; "
+        f"MNIST.resources = {MNIST.resources!r}; "
+        "from mnist_ddp.download import main; main(sys.argv[1:])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", wrapper, "--data-dir", str(data_dir), "--mirror", mirror.rstrip("/")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == f"MNIST is in {data_dir / 'MNIST' / 'raw'}; train with data.data_dir={data_dir}"
+    assert_synthetic_files_in_place(data_dir, synthetic_data_dir)
+
+
+def test_download_command_without_network_is_one_line_and_status_1(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "mnist_ddp.download", "--data-dir", str(tmp_path / "data"), "--mirror",
+         "http://127.0.0.1:9/"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"Error: MNIST is missing from {tmp_path / 'data' / 'MNIST' / 'raw'}")
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
