@@ -131,11 +131,20 @@ def cli_command(*overrides: str, log_dir: Path, module: str = "mnist_ddp.train")
     return [sys.executable, "-m", module, *flags, f"paths.log_dir={log_dir}", *values]
 
 
+#: Variables through which a launcher (torchrun, SLURM, Lightning) tells a process its place in a job.
+LAUNCHER_VARIABLES = re.compile(
+    r"MASTER_ADDR|MASTER_PORT|RANK|LOCAL_RANK|NODE_RANK|GROUP_RANK|WORLD_SIZE|TORCHELASTIC_\w+|SLURM_\w+"
+)
+
+
 def cli_env(**extra: str) -> dict[str, str]:
-    """The environment for a CLI run: this one, plus tests/ on PYTHONPATH so that a run can load the
-    test-only callbacks of ``probes.py`` through Hydra overrides (``+callbacks.x._target_=probes...``)."""
+    """The environment for a CLI run: this one without launcher variables (a command starts as from
+    a fresh shell, whatever a test left behind), plus ``extra``, and tests/ on PYTHONPATH so that a
+    run can load the test-only callbacks of ``probes.py`` through Hydra overrides
+    (``+callbacks.x._target_=probes...``)."""
     path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, **extra}
+    clean = {key: value for key, value in os.environ.items() if not LAUNCHER_VARIABLES.fullmatch(key)}
+    return {**clean, "PYTHONPATH": path, **extra}
 
 
 def run_cli(

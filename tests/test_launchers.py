@@ -122,8 +122,11 @@ def test_slurm_variables_map_to_ranks_on_many_nodes(monkeypatch, tmp_path):
              "SLURM_NODELIST": "gpu[07-10]"}  # fmt: skip
     for key, value in slurm.items():
         monkeypatch.setenv(key, value)
+    # Lightning's SLURMEnvironment exports MASTER_ADDR and MASTER_PORT into this process: set then
+    # delete them here, so that monkeypatch removes them again afterwards.
     for key in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(key, raising=False)
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     assert run_stamp() == "slurm-1234567.0" and launcher_rank() == 5
 
     register_configs()
@@ -141,3 +144,4 @@ def test_slurm_variables_map_to_ranks_on_many_nodes(monkeypatch, tmp_path):
     assert environment.world_size() == layout["world_size"] == 8
     assert (environment.main_address, environment.main_port) == ("gpu07", 15000 + 4567)
     assert layout["per_device_batch_size"] == 128 // 8
+    assert os.environ["MASTER_ADDR"] == "gpu07", "exported by Lightning, removed by monkeypatch after the test"

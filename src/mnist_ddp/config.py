@@ -193,6 +193,7 @@ def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore (named in ``conf/config.yaml`` and ``conf/eval.yaml``),
     and register the ``${run_stamp:}`` resolver of the run directory names (:func:`mnist_ddp.job.run_stamp`)."""
     if not OmegaConf.has_resolver("run_stamp"):
-        OmegaConf.register_new_resolver("run_stamp", run_stamp)
+        # Cached, like Hydra's ${now:}: every job of a sweep resolves the sweep's directory alike.
+        OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
     ConfigStore.instance().store(name="config_schema", node=Config)
     ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
