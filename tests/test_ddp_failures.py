@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import REPO, cli_command, cli_env, read_scalars, run_cli
 
+from mnist_ddp.checkpoint_io import AtomicCheckpointIO
 from mnist_ddp.distributed import check_device_options
 from mnist_ddp.errors import ConfigValueError
 
@@ -99,6 +100,10 @@ def test_a_kill_while_saving_leaves_the_previous_checkpoint_whole(tmp_path):
     (leftover,) = [p for p in path.parent.iterdir() if p != path]
     assert leftover.name.startswith(".last.ckpt.") and leftover.name.endswith(".tmp"), "B stayed beside it"
     assert torch.equal(torch.load(leftover, weights_only=True)["weights"], torch.zeros(1_000_000))
+    # The next complete save replaces A and clears the killed save's leftover.
+    AtomicCheckpointIO().save_checkpoint({"weights": torch.full((3,), 2.0)}, path)
+    assert list(path.parent.iterdir()) == [path]
+    assert torch.equal(torch.load(path, weights_only=True)["weights"], torch.full((3,), 2.0))
 
 
 def test_two_runs_started_at_once_use_different_rendezvous_ports(synthetic_data_dir, tmp_path):

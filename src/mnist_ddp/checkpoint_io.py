@@ -22,7 +22,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     (``.<name>.<random>.tmp``), flushed to disk (``fsync``), and renamed over the final path with
     ``os.replace``, which is atomic within one filesystem: the path holds the previous complete
     checkpoint until the new one is complete. A kill can leave the temporary file behind, never
-    a corrupt checkpoint. Local paths only (what this template writes); loading is Lightning's.
+    a corrupt checkpoint; the next complete save of the same checkpoint removes such leftovers.
+    Local paths only (what this template writes); loading is Lightning's.
 
     Raises:
         TypeError: if ``storage_options`` is given (as Lightning's does).
@@ -49,3 +50,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.fsync(folder)
         finally:
             os.close(folder)
+        # Global rank 0 alone saves: another file of this pattern is a save that was killed.
+        for leftover in path.parent.glob(f".{path.name}.*.tmp"):
+            leftover.unlink(missing_ok=True)
