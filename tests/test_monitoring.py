@@ -192,8 +192,8 @@ def test_throughput_windows_straggler_arithmetic_and_peak_gpu_memory(monkeypatch
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 512 * 2**20)
     logged = []
     logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
-    trainer = SimpleNamespace(world_size=2, global_step=0, is_global_zero=True, log_every_n_steps=2,
-                              num_training_batches=3, loggers=[logger])  # fmt: skip
+    trainer = SimpleNamespace(world_size=2, global_step=0, current_epoch=0, is_global_zero=True,
+                              log_every_n_steps=2, num_training_batches=3, loggers=[logger])  # fmt: skip
     module = SimpleNamespace(device=torch.device("cpu"), all_gather=lambda t: torch.stack([t, 2 * t]))
     batch = (torch.zeros(32, 1, 28, 28), torch.zeros(32, dtype=torch.long))
 

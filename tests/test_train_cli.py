@@ -60,6 +60,10 @@ def test_tensorboard_events_hold_every_tag_and_the_test_accuracy(synthetic_run):
     assert metrics["val/acc"] == pytest.approx(scalars["val/acc"][-1])
     assert metrics["checkpoint"].endswith(".ckpt") and metrics["world_size"] == 2
     assert metrics["per_device_batch_size"] == 32 and metrics["global_batch_size"] == 64
+    epochs = re.findall(
+        r"\[rank 0\]\S+ - Epoch (\d) done in [\d.]+ s \(global step (\d+)\)", (run / "train.log").read_text()
+    )
+    assert epochs == [("0", "16"), ("1", "32")], "one line per epoch in the log file"
 
 
 def test_console_shows_one_progress_bar_and_rank_tagged_lines_only_where_ranks_differ(synthetic_run):

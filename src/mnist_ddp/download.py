@@ -17,7 +17,10 @@ from mnist_ddp.errors import DataNotAvailableError
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mnist_ddp.download", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m mnist_ddp.download",
+        description="Fetch the four MNIST files into DATA_DIR/MNIST/raw/, for training without internet.",
+    )
     parser.add_argument("--data-dir", default="data", help="folder to hold MNIST/raw/ (default: data, as training)")
     parser.add_argument(
         "--mirror",

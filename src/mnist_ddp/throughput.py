@@ -1,5 +1,6 @@
 """How fast a DDP run trains, measured by every process: is every device pulling its weight?"""
 
+import logging
 import time
 
 import lightning as L
@@ -7,6 +8,7 @@ import torch
 from torch import Tensor
 
 MIB = 2**20
+log = logging.getLogger(__name__)
 
 
 class DistributedThroughputMonitor(L.Callback):
@@ -29,6 +31,8 @@ class DistributedThroughputMonitor(L.Callback):
       the validation that ends it (seconds, global rank 0's clock).
     - ``memory/rank_{r}/peak_mib``: the most GPU memory held by tensors on global rank ``r``
       during the epoch (``torch.cuda.max_memory_allocated``; MiB = 2**20 bytes). GPU runs only.
+
+    Rank 0 also logs ``Epoch <n> done in <seconds> s`` into the job's log file after each epoch.
 
     Batches are ``(images, labels)`` pairs; a batch's sample count is ``len(images)``.
 
@@ -64,6 +68,12 @@ class DistributedThroughputMonitor(L.Callback):
             for rank, (mib,) in enumerate(_gather(trainer, pl_module, peak).tolist()):
                 metrics[f"memory/rank_{rank}/peak_mib"] = mib
         _log(trainer, metrics)
+        # One line per epoch in the job's log too, for whoever follows it there (a SLURM output file).
+        if trainer.is_global_zero:
+            log.info(
+                f"Epoch {trainer.current_epoch} done in {metrics['time/epoch_s']:.1f} s "
+                f"(global step {trainer.global_step})"
+            )
 
     def _start_window(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
         self._window_start = _clock(pl_module)
