@@ -151,12 +151,9 @@ class PathsConfig:
 
 
 @dataclass
-class Config:
-    """The whole composed config (``conf/config.yaml``).
-
-    ``callbacks`` maps a name to a Lightning callback's ``_target_`` node; ``ckpt_path`` resumes
-    ``trainer.fit`` from a checkpoint when set.
-    """
+class JobConfig:
+    """What every entry point's config holds: the groups that build the DataModule, model and DDP
+    Trainer. ``callbacks`` maps a name to a Lightning callback's ``_target_`` node."""
 
     data: DataConfig = MISSING
     model: ModelConfig = MISSING
@@ -165,27 +162,28 @@ class Config:
     logger: TensorBoardLoggerConfig = MISSING
     callbacks: dict[str, Any] = field(default_factory=dict)
     paths: PathsConfig = MISSING
-    lr_scaling: LRScalingConfig = field(default_factory=LRScalingConfig)
     seed: int = MISSING
+
+
+@dataclass
+class Config(JobConfig):
+    """The composed config of ``python -m mnist_ddp.train`` (``conf/config.yaml``).
+
+    ``ckpt_path`` resumes ``trainer.fit`` from a checkpoint when set.
+    """
+
+    lr_scaling: LRScalingConfig = field(default_factory=LRScalingConfig)
     ckpt_path: str | None = None
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(JobConfig):
     """The composed config of ``python -m mnist_ddp.eval`` (``conf/eval.yaml``).
 
     ``ckpt_path`` is required. The model is rebuilt from the checkpoint's own run config
     (``<run>/.hydra/config.yaml``) when it exists; ``model`` is used only when it does not.
     """
 
-    data: DataConfig = MISSING
-    model: ModelConfig = MISSING
-    trainer: TrainerConfig = MISSING
-    strategy: StrategyConfig = MISSING
-    logger: TensorBoardLoggerConfig = MISSING
-    callbacks: dict[str, Any] = field(default_factory=dict)
-    paths: PathsConfig = MISSING
-    seed: int = MISSING
     ckpt_path: str = MISSING
 
 
