@@ -31,22 +31,21 @@ class MisclassificationReport(L.Callback):
     def __init__(self, max_images: int = 64) -> None:
         self.max_images = max_images
         self._confusion: MulticlassConfusionMatrix | None = None
-        self._wrong: list[tuple[Tensor, Tensor, Tensor]] = []
-        self._wrong_count = 0
+        self._wrong: list[tuple[Tensor, Tensor, Tensor]] = []  # (images, labels, preds) per batch
 
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._confusion = MulticlassConfusionMatrix(NUM_CLASSES).to(pl_module.device)
-        self._wrong, self._wrong_count = [], 0
+        self._wrong = []
 
     def on_test_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Tensor, batch, batch_idx, dataloader_idx=0
     ) -> None:
         images, labels = batch
         self._confusion.update(outputs, labels)
-        wrong = (outputs != labels).nonzero().flatten()[: self.max_images - self._wrong_count]
+        kept = sum(len(batch_labels) for _, batch_labels, _ in self._wrong)
+        wrong = (outputs != labels).nonzero().flatten()[: self.max_images - kept]
         if len(wrong):
             self._wrong.append((images[wrong], labels[wrong], outputs[wrong]))
-            self._wrong_count += len(wrong)
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Both are collectives over the process group: every rank runs them, rank 0 writes.
