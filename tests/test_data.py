@@ -85,7 +85,8 @@ def test_train_shards_are_disjoint_complete_and_reshuffled_each_epoch(synthetic_
         for dm in ranks:
             loader = dm.train_dataloader()
             loader.sampler.set_epoch(epoch)  # what Lightning's fit loop does at each epoch start
-            assert loader.batch_size == global_batch // world_size
+            assert loader.sampler.batch_size == global_batch // world_size
+            assert {len(images) for images, _ in loader} <= {global_batch // world_size, n_train // world_size % (global_batch // world_size)}
             shards.append(sample_ids(loader))
         sizes = {len(shard) for shard in shards}
         assert sizes == {n_train // world_size}, "every rank trains on the same number of samples"

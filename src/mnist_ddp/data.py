@@ -7,16 +7,21 @@
   reshuffled every epoch (Lightning calls ``set_epoch``) and reproducible for a seed.
 - Validation and test: an unpadded sampler gives each sample to exactly one process, so
   metrics synced over all processes do not depend on the number of processes.
+- Every batch is one index gather from those tensors (:class:`ShardBatchSampler`): no Python
+  work per sample, no per-sample collate.
 """
 
+import math
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 from torchvision.datasets import MNIST
 
 from mnist_ddp.distributed import per_device_batch_size
@@ -83,6 +88,37 @@ def load_mnist(data_dir: Path, train: bool) -> TensorDataset:
     split = MNIST(data_dir, train=train, download=False)
     images = (split.data.unsqueeze(1).float() / 255.0 - MNIST_MEAN) / MNIST_STD
     return TensorDataset(images, split.targets.long())
+
+
+class ShardBatchSampler(Sampler[Tensor]):
+    """One process's shard, served as per-device batches of indices ``(B,)`` int64.
+
+    A DataLoader with ``sampler=ShardBatchSampler(...)`` and ``batch_size=None`` calls
+    ``dataset[indices]`` once per batch, which a ``TensorDataset`` answers with one gather per
+    tensor. The usual ``batch_size=B`` path calls ``dataset[i]`` B times and stacks the B samples
+    in ``default_collate``: Python work per sample, which on 2 CPU cores cost more than the
+    gather itself (``python -m benchmarks.run`` measures both).
+
+    Args:
+        shard: yields this process's sample indices in order (a ``DistributedSampler``); its
+            ``set_epoch``, which Lightning calls at each epoch start, is passed on.
+        batch_size: samples per batch (the per-device batch size); the last batch of an epoch
+            may be smaller.
+    """
+
+    def __init__(self, shard: Sampler[int], batch_size: int) -> None:
+        self.shard = shard
+        self.batch_size = batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.shard.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        # One list of this epoch's indices, then views into it: per epoch, not per sample.
+        return iter(torch.tensor(list(self.shard), dtype=torch.int64).split(self.batch_size))
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.shard) / self.batch_size)
 
 
 class MNISTDataModule(L.LightningDataModule):
@@ -181,11 +217,12 @@ class MNISTDataModule(L.LightningDataModule):
         )
         return self._loader(dataset, sampler)
 
-    def _loader(self, dataset: Dataset, sampler: DistributedSampler) -> DataLoader:
+    def _loader(self, dataset: Dataset, shard: DistributedSampler) -> DataLoader:
         return DataLoader(
             dataset,
-            batch_size=self.per_device_batch_size,
-            sampler=sampler,
+            # batch_size=None: the sampler yields whole batches of indices (see ShardBatchSampler).
+            batch_size=None,
+            sampler=ShardBatchSampler(shard, self.per_device_batch_size),
             num_workers=self.hparams.num_workers,
             persistent_workers=self.hparams.num_workers > 0,
         )
