@@ -8,6 +8,8 @@ import math
 from collections.abc import Sequence
 
 import lightning as L
+import torch
+import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
 from matplotlib.figure import Figure
 from torch import Tensor
@@ -20,6 +22,9 @@ def digit_grid(images: Tensor, titles: Sequence[str], heading: str = "", columns
     """A grid of digits, each with a title above it (its label, or true and predicted class).
 
     The figure is ``1.2 * columns`` by ``1.4 * rows`` inches at 80 dpi: 768 x 112 pixels per row of 8.
+    The digits are tiled into one picture drawn on one axes, the titles written onto it: one axes
+    per digit took about 50 ms per digit to lay out (1.7 s for a batch of 32, which the first
+    training step waited for); this takes about 0.1 s.
 
     Args:
         images: ``(N, 1, 28, 28)`` float32, normalized as the DataModule serves them (mean
@@ -35,16 +40,26 @@ def digit_grid(images: Tensor, titles: Sequence[str], heading: str = "", columns
     if len(images) == 0 or len(titles) != len(images):
         raise ValueError(f"digit_grid needs one title per image and at least one image, got {len(images)} images "
                          f"and {len(titles)} titles")  # fmt: skip
-    pixels = (images.detach().float().cpu() * MNIST_STD + MNIST_MEAN).clamp(0, 1)
+    pixels = (images.detach().float().cpu()[:, 0] * MNIST_STD + MNIST_MEAN).clamp(0, 1)  # (N, 28, 28)
     rows = math.ceil(len(images) / columns)
-    figure = Figure(figsize=(1.2 * columns, 1.4 * rows), dpi=80, layout="constrained")
-    for index, axes in enumerate(figure.subplots(rows, columns, squeeze=False).flat):
-        axes.set_axis_off()
-        if index < len(images):
-            axes.imshow(pixels[index, 0].numpy(), cmap="gray", vmin=0, vmax=1)
-            axes.set_title(titles[index], fontsize=9)
+    # Each digit in a 36 x 42 pixel cell (the 1.2 x 1.4 inch shape of its place in the figure),
+    # with 12 rows above it for its title.
+    cells = F.pad(pixels, (4, 4, 12, 2))
+    cells = torch.cat([cells, cells.new_zeros(rows * columns - len(cells), *cells.shape[1:])])
+    cell_h, cell_w = cells.shape[1:]
+    grid = cells.reshape(rows, columns, cell_h, cell_w).permute(0, 2, 1, 3).reshape(rows * cell_h, columns * cell_w)
+
+    figure = Figure(figsize=(1.2 * columns, 1.4 * rows), dpi=80, facecolor="black")
+    heading_in = 0.3 if heading else 0.0  # inches at the top for the heading
+    axes = figure.add_axes((0, 0, 1, 1 - heading_in / (1.4 * rows)))
+    axes.set_axis_off()
+    axes.imshow(grid.numpy(), cmap="gray", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+    for index, title in enumerate(titles):
+        row, column = divmod(index, columns)
+        axes.text(column * cell_w + cell_w / 2, row * cell_h + 6, title, color="white", fontsize=9,
+                  ha="center", va="center")  # fmt: skip
     if heading:
-        figure.suptitle(heading, fontsize=10)
+        figure.text(0.5, 1 - heading_in / 2 / (1.4 * rows), heading, color="white", fontsize=10, ha="center", va="center")
     return figure
 
 
