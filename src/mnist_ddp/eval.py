@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mnist_ddp.config import CONFIG_DIR, register_configs
 from mnist_ddp.errors import ConfigValueError, exit_on_usage_error
+from mnist_ddp.host_memory import keep_freed_host_memory
 from mnist_ddp.job import ddp_job
 from mnist_ddp.outputs import write_json
 from mnist_ddp.preflight import run_entry_point
@@ -50,6 +51,7 @@ def main(cfg: DictConfig) -> float:
     checkpoint = Path(cfg.ckpt_path).resolve()
     if not checkpoint.is_file():
         raise ConfigValueError(f"ckpt_path={cfg.ckpt_path}: no such file. Pass a .ckpt file from a run's checkpoints/.")
+    keep_freed_host_memory()  # in every process: see host_memory.py
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
