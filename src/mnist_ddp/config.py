@@ -36,6 +36,7 @@ class DataConfig:
     shuffle_seed: int = MISSING
     num_workers: int = 0
     prepare_data_per_node: bool = True
+    on_device: bool = False
 
 
 @dataclass
@@ -51,6 +52,7 @@ class ModelConfig:
     optimizer: Any = MISSING
     scheduler: Any = None
     scheduler_interval: str = "step"
+    compile: bool = False
 
 
 @dataclass
