@@ -1,13 +1,16 @@
 # Two commands: `make train` and `make test`. Both create .venv on first use.
 #   make train ARGS="trainer.devices=4 data.global_batch_size=256"
 #   make test PYTEST_ARGS="-k data"
+# And the benchmark against a hand-written DDP loop (about 12 minutes on 2 CPU cores), which
+# writes benchmarks/results.md and the README's results section:
+#   make benchmark BENCH_ARGS="--data-dir /path/to/data"
 
 PYTHON ?= python3.11
 VENV := .venv
 # Marker file: the venv is rebuilt when pyproject.toml changes.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: train test clean
+.PHONY: train test benchmark clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +22,9 @@ train: $(INSTALLED)
 
 test: $(INSTALLED)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+benchmark: $(INSTALLED)
+	$(VENV)/bin/python -m benchmarks.run --readme README.md $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) src/*.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""Benchmarks of the template against a hand-written DDP program (``python -m benchmarks.run``)."""

@@ -1,0 +1,148 @@
+"""The reference: the DDP training program a user would write by hand, without the template.
+
+    torchrun --standalone --nproc-per-node=2 benchmarks/reference_ddp.py --data-dir DIR --seed 1 --out ref.json
+
+The same work as the template's fast recipe (``experiment=fast``), in plain torch:
+the same CNN (5x5 convs 32/64 with BatchNorm, hidden 128, dropout 0.25), the same 55,000 /
+5,000 train/val split of the MNIST training images (split seed 0), held in memory and normalized
+with the same statistics, global batch 64 over the processes, AdamW (lr 0.01, weight decay 0.01)
+under a one-cycle schedule stepped per optimizer step, one epoch; then accuracy on the
+validation split and the 10,000 test images, and the weights saved once by rank 0.
+
+It imports nothing from ``mnist_ddp`` (that would bring in Lightning), so its start-up is that
+of a hand-written program. With CUDA it runs one process per GPU over NCCL, as the template does;
+``--bf16`` and ``--compile`` then match ``experiment=fast_gpu`` (bf16 autocast, ``torch.compile``). Global rank 0 writes its timings to ``--out`` (JSON):
+
+- ``first_step_unix``: when the first batch's forward pass started (Unix time, seconds);
+- ``train_loop_s``: from then to the end of the last optimizer step (seconds, rank 0's clock);
+- ``train_samples``: training samples over all processes in that time;
+- ``val_acc``, ``test_acc``; ``peak_rss_mib``: every rank's peak resident set size (MiB).
+"""
+
+import argparse
+import json
+import os
+import resource
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torchvision.datasets import MNIST
+
+MEAN, STD = 0.1307, 0.3081  # over the 60,000 MNIST training images (PyTorch's examples/mnist)
+
+
+def make_model() -> nn.Module:
+    """The template's ``CNN(batch_norm=True, dropout=0.25)``: (N, 1, 28, 28) -> (N, 10) logits."""
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 5), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 4 * 4, 128), nn.ReLU(), nn.Dropout(0.25), nn.Linear(128, 10),
+    )  # fmt: skip
+
+
+def load(data_dir: str, train: bool) -> TensorDataset:
+    split = MNIST(data_dir, train=train, download=False)
+    return TensorDataset((split.data.unsqueeze(1).float() / 255 - MEAN) / STD, split.targets)
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, dataset: TensorDataset, batch_size: int, device: torch.device) -> float:
+    """Correct predictions over all ranks / samples; each rank scores its own contiguous slice."""
+    model.eval()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    images, labels = (t.tensor_split(world)[rank].to(device) for t in dataset.tensors)
+    correct = sum((model(x).argmax(1) == y).sum() for x, y in zip(images.split(batch_size), labels.split(batch_size)))
+    counts = torch.tensor([float(correct), float(len(labels))], device=device)
+    dist.all_reduce(counts)
+    return (counts[0] / counts[1]).item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", required=True, help="folder with MNIST/raw/<four IDX files>")
+    parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument("--global-batch-size", type=int, default=64)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--limit-train-batches", type=int, default=None, help="stop each epoch early (smoke test)")
+    parser.add_argument("--out", required=True, help="JSON file for rank 0's figures")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    args = parser.parse_args()
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+
+    full = load(args.data_dir, train=True)
+    order = torch.randperm(len(full), generator=torch.Generator().manual_seed(0))
+    val_set = TensorDataset(*(t[order[:5000]] for t in full.tensors))
+    train_set = TensorDataset(*(t[order[5000:]] for t in full.tensors))
+    test_set = load(args.data_dir, train=False)
+
+    batch_size = args.global_batch_size // world
+    sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed, drop_last=True)
+    loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+    steps_per_epoch = min(len(loader), args.limit_train_batches or len(loader))
+
+    net = make_model().to(device)
+    if args.compile:
+        net.compile()
+    model = DistributedDataParallel(net, device_ids=[device] if cuda else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.01, total_steps=steps_per_epoch * args.epochs)
+
+    first_step = first_step_unix = None
+    samples = 0
+    for epoch in range(args.epochs):
+        model.train()
+        sampler.set_epoch(epoch)
+        for step, (images, labels) in enumerate(loader):
+            if step == steps_per_epoch:
+                break
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            if first_step is None:
+                first_step, first_step_unix = time.perf_counter(), time.time()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                loss = F.cross_entropy(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            samples += len(labels) * world
+        if cuda:
+            torch.cuda.synchronize(device)
+        train_loop_s = time.perf_counter() - first_step
+        print(f"rank {rank} epoch {epoch}: loss {loss.item():.4f}, {train_loop_s:.1f} s", flush=True)
+
+    val_acc = accuracy(model.module, val_set, 1000, device)
+    test_acc = accuracy(model.module, test_set, 1000, device)
+    peak_rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], device=device)  # KiB->MiB
+    all_rss = [torch.zeros(1, device=device) for _ in range(world)]
+    dist.all_gather(all_rss, peak_rss)
+    if rank == 0:
+        torch.save(model.module.state_dict(), os.path.join(os.path.dirname(os.path.abspath(args.out)), "model.pt"))
+        figures = {
+            "first_step_unix": first_step_unix,
+            "train_loop_s": train_loop_s,
+            "train_samples": samples,
+            "val_acc": val_acc,
+            "test_acc": test_acc,
+            "peak_rss_mib": [t.item() for t in all_rss],
+        }
+        with open(args.out, "w") as f:
+            json.dump(figures, f, indent=2)
+        print(f"test accuracy {test_acc:.4f}, val accuracy {val_acc:.4f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

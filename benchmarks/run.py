@@ -1,0 +1,257 @@
+"""The template against a hand-written DDP program, side by side on this machine.
+
+    python -m benchmarks.run --data-dir data          # or: make benchmark
+
+Measures, in one run, each figure the median over ``--seeds`` (one repetition per seed, the
+programs interleaved so that a slow moment of the machine does not hit one program only):
+
+1. the reference, ``benchmarks/reference_ddp.py``, a hand-written torchrun + DistributedDataParallel
+   loop doing the work of the fast recipe, 2 gloo processes;
+2. the template's fast recipe, ``python -m mnist_ddp.train experiment=fast``, with Lightning's
+   launcher (the README's command) and under torchrun: training-loop time, training samples/s,
+   test accuracy, time from the command's start to the first optimizer step, end-to-end wall
+   time, peak RSS per process;
+3. the input pipeline alone: the DataModule's train loader against torchvision's PIL-based MNIST
+   with ``ToTensor``/``Normalize`` and a DataLoader (and the ``TensorDataset`` loader the
+   reference uses), in this process;
+4. the fast recipe's test accuracy per seed, and whether it reached 99.0% after its one epoch.
+
+It prints a markdown table with the ratios to the reference, writes it to ``--out`` and, with
+``--readme``, into the README between the ``benchmark results`` markers.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from benchmarks.pipeline import measure_input_pipelines
+from mnist_ddp.data import ensure_mnist_files
+
+REPO = Path(__file__).resolve().parents[1]
+#: Test accuracy the fast recipe must reach after its one epoch (issue 7's target).
+TARGET_ACC = 0.99
+README_START, README_END = "<!-- benchmark results: start -->", "<!-- benchmark results: end -->"
+
+
+def torchrun(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+
+
+def reference_command(run_dir: Path, data_dir: Path, seed: int, options: argparse.Namespace) -> list[str]:
+    command = [*torchrun(options.nproc), str(REPO / "benchmarks" / "reference_ddp.py"), "--data-dir", str(data_dir)]
+    command += ["--seed", str(seed), "--out", str(run_dir / "loop-timer-rank0.json")]
+    command += ["--bf16", "--compile"] if options.gpu else []
+    return command + (["--limit-train-batches", str(options.limit_train_batches)] if options.limit_train_batches else [])
+
+
+def template_args(run_dir: Path, data_dir: Path, seed: int, options: argparse.Namespace) -> list[str]:
+    """The fast recipe's command-line overrides, plus the LoopTimer probe (benchmarks/probe.py)."""
+    args = [f"experiment={'fast_gpu' if options.gpu else 'fast'}", f"trainer.devices={options.nproc}"]
+    args += [f"seed={seed}", f"data.data_dir={data_dir}", f"hydra.run.dir={run_dir}"]
+    args += ["+callbacks.loop_timer._target_=benchmarks.probe.LoopTimer", f"+callbacks.loop_timer.dirpath={run_dir}"]
+    return args + ([f"trainer.limit_train_batches={options.limit_train_batches}"] if options.limit_train_batches else [])
+
+
+PROGRAMS = {
+    "reference": reference_command,
+    "template": lambda *a: [sys.executable, "-m", "mnist_ddp.train", *template_args(*a)],
+    "template_torchrun": lambda *a: [*torchrun(a[-1].nproc), "-m", "mnist_ddp.train", *template_args(*a)],
+}
+LABELS = {
+    "reference": "reference: torchrun + DDP by hand",
+    "template": "template: `python -m mnist_ddp.train`",
+    "template_torchrun": "template under torchrun",
+}
+
+
+def run_once(program: str, run_dir: Path, data_dir: Path, seed: int, options: argparse.Namespace) -> dict:
+    """Runs one program to its end and returns its figures (seconds, samples/s, MiB, accuracy).
+
+    Raises:
+        RuntimeError: if the program exits non-zero (its output's tail is in the message).
+    """
+    run_dir.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    start_unix, start = time.time(), time.perf_counter()
+    done = subprocess.run(PROGRAMS[program](run_dir, data_dir, seed, options), cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=1800)  # fmt: skip
+    e2e = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{program} (seed {seed}) exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
+    timers = [json.loads(p.read_text()) for p in sorted(run_dir.glob("loop-timer-rank*.json"))]
+    rank0 = timers[0]
+    if program == "reference":
+        test_acc, samples, rss = rank0["test_acc"], rank0["train_samples"], rank0["peak_rss_mib"]
+    else:
+        test_acc = json.loads((run_dir / "metrics.json").read_text())["test/acc"]
+        samples, rss = sum(t["train_samples"] for t in timers), [t["peak_rss_mib"] for t in timers]
+    return {
+        "train_loop_s": rank0["train_loop_s"],
+        "samples_per_s": samples / rank0["train_loop_s"],
+        "test_acc": test_acc,
+        "first_step_s": rank0["first_step_unix"] - start_unix,
+        "e2e_s": e2e,
+        "rss_rank0_mib": rss[0],
+        "rss_rank1_mib": rss[-1],
+    }
+
+
+# (key, row title, number format, True when lower is better)
+ROWS = [
+    ("train_loop_s", "training-loop time (s, rank 0)", "{:.1f}", True),
+    ("samples_per_s", "training samples/s", "{:,.0f}", False),
+    ("test_acc", "test accuracy", "{:.4f}", False),
+    ("first_step_s", "command start to first optimizer step (s)", "{:.1f}", True),
+    ("e2e_s", "end-to-end wall time (s)", "{:.1f}", True),
+    ("rss_rank0_mib", "peak RSS, rank 0 (MiB)", "{:,.0f}", True),
+    ("rss_rank1_mib", "peak RSS, rank 1 (MiB)", "{:,.0f}", True),
+]
+
+
+def results_table(runs: dict[str, list[dict]]) -> str:
+    """Markdown: one row per figure, the median over the runs of each program, and its ratio to the
+    reference's median."""
+    programs = list(runs)
+    header = "| figure (median) | " + " | ".join(
+        LABELS[p] + ("" if p == "reference" else " | ratio") for p in programs
+    ) + " |"
+    lines = [header, "|---" * (1 + 2 * len(programs) - 1) + "|"]
+    for key, title, fmt, _ in ROWS:
+        medians = {p: statistics.median(r[key] for r in runs[p]) for p in programs}
+        cells = [fmt.format(medians["reference"])]
+        for p in programs[1:]:
+            cells += [fmt.format(medians[p]), f"{medians[p] / medians['reference']:.2f}x"]
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def seeds_table(runs: dict[str, list[dict]], seeds: list[int]) -> str:
+    """Markdown: per seed and program, the test accuracy after the one epoch and the time to 99.0%
+    test accuracy (the run's end-to-end wall time when it got there: accuracy is measured once,
+    at the end)."""
+
+    def time_to_target(run: dict) -> str:
+        return f"{run['e2e_s']:.1f} s" if run["test_acc"] >= TARGET_ACC else "not reached"
+
+    header = "| seed | " + " | ".join(f"{LABELS[p]}: test acc | time to {TARGET_ACC:.1%}" for p in runs) + " |"
+    lines = [header, "|---" * (2 * len(runs) + 1) + "|"]
+    for i, seed in enumerate(seeds):
+        cells = [f"{runs[p][i]['test_acc']:.4f} | {time_to_target(runs[p][i])}" for p in runs]
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    medians = [statistics.median(r["test_acc"] for r in runs[p]) for p in runs]
+    lines.append("| **median** | " + " | ".join(f"**{m:.4f}** | " for m in medians) + " |")
+    return "\n".join(lines)
+
+
+def targets(runs: dict[str, list[dict]], pipeline: dict[str, float]) -> str:
+    """The issue's targets, each with its measured figure and whether it is met."""
+
+    def median(program: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[program])
+
+    loop_ratio = median("template", "train_loop_s") / median("reference", "train_loop_s")
+    e2e_ratio = median("template", "e2e_s") / median("reference", "e2e_s")
+    pil_ratio = pipeline["template"] / pipeline["pil"]
+    acc = median("template", "test_acc")
+    checks = [
+        (f"training-loop time {loop_ratio:.2f}x the reference's", loop_ratio <= 1.10, "at most 1.10x"),
+        (f"end-to-end wall time {e2e_ratio:.2f}x the reference's", e2e_ratio <= 1.0, "at most 1.00x"),
+        (f"input pipeline {pil_ratio:,.0f}x the PIL path", pil_ratio >= 20, "at least 20x"),
+        (f"test accuracy after one epoch {acc:.4f} (median of {len(runs['template'])} seeds)", acc >= TARGET_ACC,
+         f"at least {TARGET_ACC}"),
+    ]  # fmt: skip
+    return "\n".join(f"- {'met' if ok else '**missed**'}: {text} (target: {goal})" for text, ok, goal in checks)
+
+
+def report(runs: dict[str, list[dict]], pipeline: dict[str, float], options: argparse.Namespace, command: str) -> str:
+    cores, seeds = len(os.sched_getaffinity(0)), options.seeds
+    processes = f"{options.nproc} " + (f"GPU processes ({torch.cuda.get_device_name()}, NCCL)" if options.gpu else "gloo processes")
+    pipeline_rows = "\n".join(
+        f"| {name} | {rate:,.0f} | {rate / pipeline['pil']:,.1f}x |" for name, rate in pipeline.items()
+    )
+    return f"""Measured {date.today()} on {cores} CPU cores ({platform.processor() or platform.machine()}), torch
+{torch.__version__}, {processes}, real MNIST, with `{command}`. Each figure is the median of
+{len(seeds)} runs per program (seeds {", ".join(map(str, seeds))}, programs interleaved); ratios are to the reference.
+
+{results_table(runs)}
+
+Input pipeline, one process, per-device batch 32, samples/s (median of 5 passes):
+
+| loader | samples/s | vs PIL path |
+|---|---|---|
+{pipeline_rows}
+
+Fast recipe, test accuracy after its one epoch, and time to 99.0% from the command's start, per seed:
+
+{seeds_table(runs, seeds)}
+
+Targets:
+{targets(runs, pipeline)}
+"""
+
+
+def update_readme(readme: Path, text: str) -> None:
+    """Replaces what is between the benchmark markers in ``readme`` with ``text``.
+
+    Raises:
+        ValueError: if the README lacks either marker.
+    """
+    content = readme.read_text()
+    if README_START not in content or README_END not in content:
+        raise ValueError(f"{readme} has no '{README_START}' ... '{README_END}' block to put the results in")
+    head, rest = content.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    readme.write_text(f"{head}{README_START}\n{text}\n{README_END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=REPO / "data", help="folder with MNIST/raw/ (default: data)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one run per seed and program")
+    parser.add_argument("--programs", nargs="+", choices=list(PROGRAMS), default=list(PROGRAMS))
+    parser.add_argument("--limit-train-batches", type=int, default=None, help="shorter epochs (smoke test)")
+    parser.add_argument("--nproc", type=int, default=2, help="DDP processes per program (default 2)")
+    parser.add_argument("--gpu", action="store_true", help="GPUs over NCCL: experiment=fast_gpu, reference in bf16, compiled")
+    parser.add_argument("--pipeline-samples", type=int, default=None, help="samples per input pipeline pass")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results.md")
+    parser.add_argument("--readme", type=Path, default=None, help="also put the results into this README")
+    parser.add_argument("--work-dir", type=Path, default=None, help="run directories (default: a temporary one)")
+    args = parser.parse_args(argv)
+    if "reference" not in args.programs:
+        parser.error("--programs must include reference: every ratio is to it")
+    data_dir = args.data_dir.resolve()
+    ensure_mnist_files(data_dir)  # downloads MNIST on first use, as training would
+
+    print("Input pipeline ...", flush=True)
+    pipeline = measure_input_pipelines(data_dir, samples=args.pipeline_samples)
+    runs: dict[str, list[dict]] = {program: [] for program in args.programs}
+    with tempfile.TemporaryDirectory(prefix="mnist-ddp-bench-") as tmp:
+        work = args.work_dir or Path(tmp)
+        for i, seed in enumerate(args.seeds):
+            order = args.programs[i % len(args.programs):] + args.programs[: i % len(args.programs)]
+            for program in order:
+                figures = run_once(program, work / f"{program}-seed{seed}", data_dir, seed, args)
+                runs[program].append(figures)
+                print(f"{program} seed {seed}: " + ", ".join(f"{k} {v:.4g}" for k, v in figures.items()), flush=True)
+
+    command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = report(runs, pipeline, args, command.strip())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    if args.readme:
+        update_readme(args.readme, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The benchmark harness (benchmarks/): its reference trains the template's model, and a short run
+of the whole harness, through its command line, reports figures that agree with its runs.
+
+The full benchmark (real MNIST, full epochs, 3 seeds) is not part of the suite: `make benchmark`.
+"""
+
+import json
+import re
+import subprocess
+import sys
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from benchmarks.reference_ddp import make_model
+from benchmarks.run import README_END, README_START
+from conftest import REPO, cli_env, make_synthetic_mnist
+from mnist_ddp.config import CONFIG_DIR, register_configs
+
+STEPS = 4  # optimizer steps per run in the smoke test
+GLOBAL_BATCH = 64  # the fast recipe's
+
+
+def test_reference_builds_the_fast_recipes_model_with_the_same_initial_weights():
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["experiment=fast"])
+    torch.manual_seed(3)
+    template = instantiate(cfg.model.net)
+    torch.manual_seed(3)
+    reference = make_model()
+    template_params, reference_params = list(template.parameters()), list(reference.parameters())
+    assert [p.shape for p in template_params] == [p.shape for p in reference_params]
+    assert all(torch.equal(a, b) for a, b in zip(template_params, reference_params))
+    template.eval(), reference.eval()
+    images = torch.randn(5, 1, 28, 28)
+    assert torch.equal(template(images), reference(images)), "same layers in the same order, dropout included"
+
+
+def table_rows(markdown: str, first_cell: str) -> list[str]:
+    """The cells of the table row whose first cell is ``first_cell``."""
+    for line in markdown.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if cells[0] == first_cell:
+            return cells[1:]
+    raise AssertionError(f"no row {first_cell!r} in:\n{markdown}")
+
+
+def number(cell: str) -> float:
+    return float(cell.replace(",", "").rstrip("x").strip("*"))
+
+
+def test_harness_runs_reference_and_template_and_reports_their_figures(tmp_path):
+    # 5,000 validation images, as the fast recipe and the reference hold out, plus 640 to train on.
+    data = make_synthetic_mnist(tmp_path / "data", n_train=5640, n_test=200)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\n{README_START}\nold results\n{README_END}\n\nMore text.\n")
+    out, work = tmp_path / "results.md", tmp_path / "runs"
+    command = [sys.executable, "-m", "benchmarks.run", "--data-dir", str(data), "--seeds", "7",
+               "--programs", "reference", "template", "--limit-train-batches", str(STEPS),
+               "--pipeline-samples", "640", "--out", str(out), "--readme", str(readme), "--work-dir", str(work)]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    results = out.read_text()
+    assert results in done.stdout, "the table is printed too"
+
+    # The README keeps its text and gets the results between the markers.
+    assert readme.read_text() == f"# Title\n\n{README_START}\n{results}\n{README_END}\n\nMore text.\n"
+
+    # Both programs trained the same number of samples, timed the same way (LoopTimer / the reference).
+    reference = json.loads((work / "reference-seed7" / "loop-timer-rank0.json").read_text())
+    ranks = [json.loads((work / "template-seed7" / f"loop-timer-rank{r}.json").read_text()) for r in (0, 1)]
+    assert reference["train_samples"] == sum(rank["train_samples"] for rank in ranks) == STEPS * GLOBAL_BATCH
+    assert 0 < ranks[0]["train_loop_s"] and 0 < reference["train_loop_s"]
+
+    # The table holds exactly these runs' figures, and the ratios are computed from them.
+    loop = table_rows(results, "training-loop time (s, rank 0)")
+    assert number(loop[0]) == round(reference["train_loop_s"], 1)
+    assert number(loop[1]) == round(ranks[0]["train_loop_s"], 1)
+    assert number(loop[2]) == round(ranks[0]["train_loop_s"] / reference["train_loop_s"], 2)
+    test_acc = json.loads((work / "template-seed7" / "metrics.json").read_text())["test/acc"]
+    assert table_rows(results, "test accuracy")[:2] == [f"{reference['test_acc']:.4f}", f"{test_acc:.4f}"]
+    assert number(table_rows(results, "peak RSS, rank 1 (MiB)")[1]) == round(ranks[1]["peak_rss_mib"])
+    first_step = number(table_rows(results, "command start to first optimizer step (s)")[1])
+    assert 0 < first_step < number(table_rows(results, "end-to-end wall time (s)")[1])
+
+    # Input pipeline: the DataModule's loader against the PIL path, with the ratio of the two.
+    template_rate, template_ratio = (number(c) for c in table_rows(results, "template"))
+    pil_rate, pil_ratio = (number(c) for c in table_rows(results, "pil"))
+    assert pil_ratio == 1.0 and template_ratio == round(template_rate / pil_rate, 1) and template_ratio > 1
+
+    # Every target is reported, met or missed, with its figure.
+    targets = re.findall(r"^- (met|\*\*missed\*\*): (.+)$", results, flags=re.MULTILINE)
+    assert len(targets) == 4, results
