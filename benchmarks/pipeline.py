@@ -3,7 +3,8 @@
 Three loaders over 55,000 training images (the train split's size), per-device batch 32 (the fast recipe's
 global batch 64 over 2 processes), shuffled, one process, ``num_workers=0``:
 
-- ``template``: the DataModule's own train loader (in-memory tensors, one gather per batch);
+- ``template``: the DataModule's own train loader (in-memory tensors, one gather per batch:
+  ``GatherDataset``);
 - ``tensor_dataset``: a ``TensorDataset`` of the same tensors with ``DataLoader(batch_size=32)``,
   as the hand-written reference loads it (per-sample ``__getitem__`` and ``default_collate``);
 - ``pil``: torchvision's ``MNIST`` dataset with ``ToTensor`` and ``Normalize``: a PIL image per
@@ -16,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import SimpleNamespace
 
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Subset, TensorDataset
 from torchvision import transforms
 from torchvision.datasets import MNIST
 
@@ -55,7 +56,10 @@ def measure_input_pipelines(data_dir: Path, samples: int | None = None, passes: 
     pil_train = Subset(pil, range(len(train_set)))  # as many images as the train split
     loaders = {
         "template": (datamodule.train_dataloader(), samples or len(train_set)),
-        "tensor_dataset": (DataLoader(train_set, batch_size=PER_DEVICE_BATCH, shuffle=True), samples or len(train_set)),
+        "tensor_dataset": (
+            DataLoader(TensorDataset(*train_set.tensors), batch_size=PER_DEVICE_BATCH, shuffle=True),
+            samples or len(train_set),
+        ),
         "pil": (DataLoader(pil_train, batch_size=PER_DEVICE_BATCH, shuffle=True), min(samples or 10_000, 10_000)),
     }
     return {

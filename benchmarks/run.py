@@ -69,7 +69,7 @@ PROGRAMS = {
 }
 LABELS = {
     "reference": "reference: torchrun + DDP by hand",
-    "template": "template: `python -m mnist_ddp.train`",
+    "template": "template: `python -m mnist_ddp.train`",  # Lightning's launcher starts rank 1
     "template_torchrun": "template under torchrun",
 }
 
@@ -160,12 +160,14 @@ def targets(runs: dict[str, list[dict]], pipeline: dict[str, float]) -> str:
         return statistics.median(r[key] for r in runs[program])
 
     loop_ratio = median("template", "train_loop_s") / median("reference", "train_loop_s")
-    e2e_ratio = median("template", "e2e_s") / median("reference", "e2e_s")
     pil_ratio = pipeline["template"] / pipeline["pil"]
     acc = median("template", "test_acc")
-    checks = [
-        (f"training-loop time {loop_ratio:.2f}x the reference's", loop_ratio <= 1.10, "at most 1.10x"),
-        (f"end-to-end wall time {e2e_ratio:.2f}x the reference's", e2e_ratio <= 1.0, "at most 1.00x"),
+    checks = [(f"training-loop time {loop_ratio:.2f}x the reference's", loop_ratio <= 1.10, "at most 1.10x")]
+    for program in [p for p in ("template", "template_torchrun") if p in runs]:
+        e2e_ratio = median(program, "e2e_s") / median("reference", "e2e_s")
+        name = LABELS[program].split(": ")[-1]
+        checks.append((f"end-to-end wall time, {name}: {e2e_ratio:.2f}x the reference's", e2e_ratio <= 1.0, "at most 1.00x"))
+    checks += [
         (f"input pipeline {pil_ratio:,.0f}x the PIL path", pil_ratio >= 20, "at least 20x"),
         (f"test accuracy after one epoch {acc:.4f} (median of {len(runs['template'])} seeds)", acc >= TARGET_ACC,
          f"at least {TARGET_ACC}"),
@@ -248,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     text = report(runs, pipeline, args, command.strip())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
+    # Every run's figures too, for whoever wants more than the medians.
+    args.out.with_suffix(".json").write_text(json.dumps({"runs": runs, "input_pipeline": pipeline}, indent=2))
     if args.readme:
         update_readme(args.readme, text)
     print(text)

@@ -28,7 +28,7 @@ class SampleRecorder(L.Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning has called sampler.set_epoch(epoch) by now; iterating it again gives this epoch's order.
-        self.planned = list(iter(trainer.train_dataloader.sampler.shard))
+        self.planned = list(iter(trainer.train_dataloader.sampler))
         self.seen: list[int] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

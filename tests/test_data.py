@@ -22,7 +22,7 @@ import torch
 from torchvision.datasets import MNIST
 
 from mnist_ddp.data import MNIST_FILES, MNIST_MEAN, MNIST_STD, MNISTDataModule
-from mnist_ddp.errors import DataNotAvailableError
+from mnist_ddp.errors import ConfigValueError, DataNotAvailableError
 
 VAL_SIZE = 150  # of 1,200 synthetic training images; divides by neither 7 nor 8
 
@@ -85,8 +85,7 @@ def test_train_shards_are_disjoint_complete_and_reshuffled_each_epoch(synthetic_
         for dm in ranks:
             loader = dm.train_dataloader()
             loader.sampler.set_epoch(epoch)  # what Lightning's fit loop does at each epoch start
-            assert loader.sampler.batch_size == global_batch // world_size
-            assert {len(images) for images, _ in loader} <= {global_batch // world_size, n_train // world_size % (global_batch // world_size)}
+            assert loader.batch_size == global_batch // world_size
             shards.append(sample_ids(loader))
         sizes = {len(shard) for shard in shards}
         assert sizes == {n_train // world_size}, "every rank trains on the same number of samples"
@@ -124,6 +123,37 @@ def test_non_divisible_global_batch_is_refused_by_the_loader(synthetic_data_dir)
     dm = datamodule_on_rank(synthetic_data_dir, 3, 0, global_batch_size=64)
     with pytest.raises(ValueError, match="multiple of 3"):
         dm.train_dataloader()
+
+
+def test_each_batch_is_the_shards_samples_in_order(synthetic_data_dir):
+    dm = datamodule_on_rank(synthetic_data_dir, 2, 1, global_batch_size=64)
+    loader = dm.train_dataloader()
+    loader.sampler.set_epoch(3)
+    shard = list(loader.sampler)
+    images, labels = dm.train_set.tensors
+    served = list(loader)
+    assert len(served) == len(loader) == -(-len(shard) // 32)
+    assert len(served[-1][0]) == (len(shard) % 32 or 32)
+    for i, (batch_images, batch_labels) in enumerate(served):
+        indices = shard[32 * i : 32 * (i + 1)]
+        assert torch.equal(batch_images, images[indices]) and torch.equal(batch_labels, labels[indices])
+
+
+def test_on_device_moves_every_split_to_the_strategys_device(synthetic_data_dir):
+    dm = MNISTDataModule(str(synthetic_data_dir), global_batch_size=8, val_size=VAL_SIZE, on_device=True)
+    # CPU is the only device here; the GPU case is the same .to(root_device) (not run: no GPU).
+    dm.trainer = SimpleNamespace(world_size=1, global_rank=0, accumulate_grad_batches=1,
+                                 strategy=SimpleNamespace(root_device=torch.device("cpu")))  # fmt: skip
+    dm.setup("fit")
+    dm.setup("test")
+    assert {t.device.type for split in (dm.train_set, dm.val_set, dm.test_set) for t in split.tensors} == {"cpu"}
+    assert len(dm.train_set) == 1200 - VAL_SIZE and len(dm.test_set) == 300
+
+
+def test_on_device_with_dataloader_workers_is_refused_by_name(synthetic_data_dir):
+    dm = MNISTDataModule(str(synthetic_data_dir), global_batch_size=8, on_device=True, num_workers=2)
+    with pytest.raises(ConfigValueError, match=r"data.on_device=true .* set data.num_workers=0 \(not 2\)"):
+        dm.setup("fit")
 
 
 def test_prepare_data_with_files_present_does_not_download(synthetic_data_dir, monkeypatch):

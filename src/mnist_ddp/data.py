@@ -7,21 +7,19 @@
   reshuffled every epoch (Lightning calls ``set_epoch``) and reproducible for a seed.
 - Validation and test: an unpadded sampler gives each sample to exactly one process, so
   metrics synced over all processes do not depend on the number of processes.
-- Every batch is one index gather from those tensors (:class:`ShardBatchSampler`): no Python
-  work per sample, no per-sample collate.
+- Every batch is one index gather from those tensors (:class:`GatherDataset`): no
+  per-sample ``__getitem__`` and no per-sample collate.
 """
 
-import math
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset, default_convert
 from torchvision.datasets import MNIST
 
 from mnist_ddp.distributed import per_device_batch_size
@@ -78,47 +76,35 @@ def ensure_mnist_files(data_dir: Path) -> Path:
     return raw
 
 
-def load_mnist(data_dir: Path, train: bool) -> TensorDataset:
+class GatherDataset(TensorDataset):
+    """A ``TensorDataset`` that serves a whole batch as one gather: ``(images[indices], labels[indices])``.
+
+    torch's DataLoader hands a batch's indices (from its sampler, here the ``DistributedSampler``)
+    to ``__getitems__`` when a dataset has it; with ``collate_fn=default_convert`` the result
+    is the batch as is. Without it, the DataLoader calls ``dataset[i]`` once per sample and
+    stacks the samples in ``default_collate``: Python work per sample, which on 2 CPU cores
+    costs more than the gather itself (``python -m benchmarks.run`` measures both). Lightning's
+    own loader rewrites (``trainer.overfit_batches``) keep the dataset, batch size and
+    collate function, so they keep this path. A DataLoader over it needs
+    ``collate_fn=default_convert``: ``default_collate`` would try to stack the images with the labels.
+    """
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, ...]:
+        """``indices``: the batch's ``B`` sample indices -> each tensor's rows at them, ``(B, ...)``."""
+        index = torch.as_tensor(indices, dtype=torch.int64)
+        return tuple(tensor[index] for tensor in self.tensors)
+
+
+def load_mnist(data_dir: Path, train: bool) -> GatherDataset:
     """Read one MNIST split from its IDX files into memory.
 
     Returns:
-        ``TensorDataset(images, labels)``: images ``(N, 1, 28, 28)`` float32, normalized with
+        ``GatherDataset(images, labels)``: images ``(N, 1, 28, 28)`` float32, normalized with
         :data:`MNIST_MEAN` / :data:`MNIST_STD`; labels ``(N,)`` int64 in 0..9.
     """
     split = MNIST(data_dir, train=train, download=False)
     images = (split.data.unsqueeze(1).float() / 255.0 - MNIST_MEAN) / MNIST_STD
-    return TensorDataset(images, split.targets.long())
-
-
-class ShardBatchSampler(Sampler[Tensor]):
-    """One process's shard, served as per-device batches of indices ``(B,)`` int64.
-
-    A DataLoader with ``sampler=ShardBatchSampler(...)`` and ``batch_size=None`` calls
-    ``dataset[indices]`` once per batch, which a ``TensorDataset`` answers with one gather per
-    tensor. The usual ``batch_size=B`` path calls ``dataset[i]`` B times and stacks the B samples
-    in ``default_collate``: Python work per sample, which on 2 CPU cores cost more than the
-    gather itself (``python -m benchmarks.run`` measures both).
-
-    Args:
-        shard: yields this process's sample indices in order (a ``DistributedSampler``); its
-            ``set_epoch``, which Lightning calls at each epoch start, is passed on.
-        batch_size: samples per batch (the per-device batch size); the last batch of an epoch
-            may be smaller.
-    """
-
-    def __init__(self, shard: Sampler[int], batch_size: int) -> None:
-        self.shard = shard
-        self.batch_size = batch_size
-
-    def set_epoch(self, epoch: int) -> None:
-        self.shard.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[Tensor]:
-        # One list of this epoch's indices, then views into it: per epoch, not per sample.
-        return iter(torch.tensor(list(self.shard), dtype=torch.int64).split(self.batch_size))
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.shard) / self.batch_size)
+    return GatherDataset(images, split.targets.long())
 
 
 class MNISTDataModule(L.LightningDataModule):
@@ -187,15 +173,15 @@ class MNISTDataModule(L.LightningDataModule):
             # Same generator seed on every rank and every stage -> the same split everywhere.
             order = torch.randperm(len(full), generator=torch.Generator().manual_seed(self.hparams.split_seed))
             images, labels = full.tensors
-            self.val_set = TensorDataset(images[order[:val_size]], labels[order[:val_size]])
-            self.train_set = TensorDataset(images[order[val_size:]], labels[order[val_size:]])
+            self.val_set = GatherDataset(images[order[:val_size]], labels[order[:val_size]])
+            self.train_set = GatherDataset(images[order[val_size:]], labels[order[val_size:]])
         if stage == "test" and self.test_set is None:
             self.test_set = load_mnist(self.data_dir, train=False)
         if self.hparams.on_device:
             device = self.trainer.strategy.root_device
             for name in ("train_set", "val_set", "test_set"):
                 if (split := getattr(self, name)) is not None:
-                    setattr(self, name, TensorDataset(*(t.to(device) for t in split.tensors)))
+                    setattr(self, name, GatherDataset(*(t.to(device) for t in split.tensors)))
 
     @property
     def per_device_batch_size(self) -> int:
@@ -234,12 +220,13 @@ class MNISTDataModule(L.LightningDataModule):
         )
         return self._loader(dataset, sampler)
 
-    def _loader(self, dataset: Dataset, shard: DistributedSampler) -> DataLoader:
+    def _loader(self, dataset: Dataset, sampler: DistributedSampler) -> DataLoader:
         return DataLoader(
             dataset,
-            # batch_size=None: the sampler yields whole batches of indices (see ShardBatchSampler).
-            batch_size=None,
-            sampler=ShardBatchSampler(shard, self.per_device_batch_size),
+            batch_size=self.per_device_batch_size,
+            sampler=sampler,
+            # The dataset returns whole batches (GatherDataset.__getitems__): nothing to stack.
+            collate_fn=default_convert,
             num_workers=self.hparams.num_workers,
             persistent_workers=self.hparams.num_workers > 0,
         )
