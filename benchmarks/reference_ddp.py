@@ -11,7 +11,8 @@ validation split and the 10,000 test images, and the weights saved once by rank 
 
 It imports nothing from ``mnist_ddp`` (that would bring in Lightning), so its start-up is that
 of a hand-written program. With CUDA it runs one process per GPU over NCCL, as the template does;
-``--bf16`` and ``--compile`` then match ``experiment=fast_gpu`` (bf16 autocast, ``torch.compile``). Global rank 0 writes its timings to ``--out`` (JSON):
+``--bf16`` and ``--compile`` then match ``experiment=fast_gpu`` (bf16 autocast, ``torch.compile``).
+Global rank 0 writes its timings to ``--out`` (JSON):
 
 - ``first_step_unix``: when the first batch's forward pass started (Unix time, seconds);
 - ``train_loop_s``: from then to the end of the last optimizer step (seconds, rank 0's clock);

@@ -51,7 +51,8 @@ def reference_command(run_dir: Path, data_dir: Path, seed: int, options: argpars
     command = [*torchrun(options.nproc), str(REPO / "benchmarks" / "reference_ddp.py"), "--data-dir", str(data_dir)]
     command += ["--seed", str(seed), "--out", str(run_dir / "loop-timer-rank0.json")]
     command += ["--bf16", "--compile"] if options.gpu else []
-    return command + (["--limit-train-batches", str(options.limit_train_batches)] if options.limit_train_batches else [])
+    limit = options.limit_train_batches
+    return command + (["--limit-train-batches", str(limit)] if limit else [])
 
 
 def template_args(run_dir: Path, data_dir: Path, seed: int, options: argparse.Namespace) -> list[str]:
@@ -59,7 +60,8 @@ def template_args(run_dir: Path, data_dir: Path, seed: int, options: argparse.Na
     args = [f"experiment={'fast_gpu' if options.gpu else 'fast'}", f"trainer.devices={options.nproc}"]
     args += [f"seed={seed}", f"data.data_dir={data_dir}", f"hydra.run.dir={run_dir}"]
     args += ["+callbacks.loop_timer._target_=benchmarks.probe.LoopTimer", f"+callbacks.loop_timer.dirpath={run_dir}"]
-    return args + ([f"trainer.limit_train_batches={options.limit_train_batches}"] if options.limit_train_batches else [])
+    limit = options.limit_train_batches
+    return args + ([f"trainer.limit_train_batches={limit}"] if limit else [])
 
 
 PROGRAMS = {
@@ -166,7 +168,8 @@ def targets(runs: dict[str, list[dict]], pipeline: dict[str, float]) -> str:
     for program in [p for p in ("template", "template_torchrun") if p in runs]:
         e2e_ratio = median(program, "e2e_s") / median("reference", "e2e_s")
         name = LABELS[program].split(": ")[-1]
-        checks.append((f"end-to-end wall time, {name}: {e2e_ratio:.2f}x the reference's", e2e_ratio <= 1.0, "at most 1.00x"))
+        text = f"end-to-end wall time, {name}: {e2e_ratio:.2f}x the reference's"
+        checks.append((text, e2e_ratio <= 1.0, "at most 1.00x"))
     checks += [
         (f"input pipeline {pil_ratio:,.0f}x the PIL path", pil_ratio >= 20, "at least 20x"),
         (f"test accuracy after one epoch {acc:.4f} (median of {len(runs['template'])} seeds)", acc >= TARGET_ACC,
@@ -177,7 +180,8 @@ def targets(runs: dict[str, list[dict]], pipeline: dict[str, float]) -> str:
 
 def report(runs: dict[str, list[dict]], pipeline: dict[str, float], options: argparse.Namespace, command: str) -> str:
     cores, seeds = len(os.sched_getaffinity(0)), options.seeds
-    processes = f"{options.nproc} " + (f"GPU processes ({torch.cuda.get_device_name()}, NCCL)" if options.gpu else "gloo processes")
+    kind = f"GPU processes ({torch.cuda.get_device_name()}, NCCL)" if options.gpu else "gloo processes"
+    processes = f"{options.nproc} {kind}"
     pipeline_rows = "\n".join(
         f"| {name} | {rate:,.0f} | {rate / pipeline['pil']:,.1f}x |" for name, rate in pipeline.items()
     )
@@ -223,7 +227,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--programs", nargs="+", choices=list(PROGRAMS), default=list(PROGRAMS))
     parser.add_argument("--limit-train-batches", type=int, default=None, help="shorter epochs (smoke test)")
     parser.add_argument("--nproc", type=int, default=2, help="DDP processes per program (default 2)")
-    parser.add_argument("--gpu", action="store_true", help="GPUs over NCCL: experiment=fast_gpu, reference in bf16, compiled")
+    parser.add_argument(
+        "--gpu", action="store_true", help="GPUs over NCCL: experiment=fast_gpu, the reference in bf16, compiled"
+    )
     parser.add_argument("--pipeline-samples", type=int, default=None, help="samples per input pipeline pass")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results.md")
     parser.add_argument("--readme", type=Path, default=None, help="also put the results into this README")

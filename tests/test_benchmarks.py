@@ -10,12 +10,12 @@ import subprocess
 import sys
 
 import torch
+from conftest import REPO, cli_env, make_synthetic_mnist
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from benchmarks.reference_ddp import make_model
 from benchmarks.run import README_END, README_START
-from conftest import REPO, cli_env, make_synthetic_mnist
 from mnist_ddp.config import CONFIG_DIR, register_configs
 
 STEPS = 4  # optimizer steps per run in the smoke test
@@ -57,9 +57,11 @@ def test_harness_runs_reference_and_template_and_reports_their_figures(tmp_path)
     readme = tmp_path / "README.md"
     readme.write_text(f"# Title\n\n{README_START}\nold results\n{README_END}\n\nMore text.\n")
     out, work = tmp_path / "results.md", tmp_path / "runs"
-    command = [sys.executable, "-m", "benchmarks.run", "--data-dir", str(data), "--seeds", "7",
-               "--programs", "reference", "template", "--limit-train-batches", str(STEPS),
-               "--pipeline-samples", "640", "--out", str(out), "--readme", str(readme), "--work-dir", str(work)]  # fmt: skip
+    command = [
+        sys.executable, "-m", "benchmarks.run", "--data-dir", str(data), "--seeds", "7",
+        "--programs", "reference", "template", "--limit-train-batches", str(STEPS), "--pipeline-samples", "640",
+        "--out", str(out), "--readme", str(readme), "--work-dir", str(work),
+    ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     results = out.read_text()

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 # One process, one thread: free a large block (as after loading a data set), then count the minor

@@ -59,7 +59,8 @@ def digit_grid(images: Tensor, titles: Sequence[str], heading: str = "", columns
         axes.text(column * cell_w + cell_w / 2, row * cell_h + 6, title, color="white", fontsize=9,
                   ha="center", va="center")  # fmt: skip
     if heading:
-        figure.text(0.5, 1 - heading_in / 2 / (1.4 * rows), heading, color="white", fontsize=10, ha="center", va="center")
+        top = 1 - heading_in / 2 / (1.4 * rows)
+        figure.text(0.5, top, heading, color="white", fontsize=10, ha="center", va="center")
     return figure
 
 
