@@ -210,7 +210,7 @@ REFUSED = [
     ("trainer.max_epochs=three", "trainer.max_epochs: Value 'three' of type 'str' could not be converted to Int"),
     ("trainer.devices=0", "trainer.devices=0 is not a positive process count on CPU."),
     ("data.global_batch_size=-64", "data.global_batch_size must be at least 1, got -64."),
-    ("model=transformer", "model=transformer: no such option in conf/model/ (available: cnn)."),
+    ("model=transformer", "model=transformer: no such option in conf/model/ (available: cnn, mlp)."),
     ("+data.shuffle=true", "data: MNISTDataModule.__init__() got an unexpected keyword argument 'shuffle'"),
     (
         "strategy.comm_hook=fp32",

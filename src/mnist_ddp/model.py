@@ -54,6 +54,32 @@ class CNN(nn.Module):
         return self.classifier(self.features(images))
 
 
+class MLP(nn.Module):
+    """A multilayer perceptron on the flattened image: the model group's second option
+    (``model=mlp``), which shows that swapping the network is a config change only.
+
+    Shapes: input ``(N, 1, 28, 28)`` float32 -> flatten ``(N, 784)`` -> for each hidden width
+    ``h``: linear ``(N, h)`` -> ReLU -> dropout -> linear -> logits ``(N, 10)``.
+
+    Args:
+        hidden: widths of the hidden layers (default ``(256, 128)``).
+        dropout: dropout probability after each hidden layer (default 0.2).
+        in_features: pixels per image (default 28 * 28).
+    """
+
+    def __init__(self, hidden: Sequence[int] = (256, 128), dropout: float = 0.2, in_features: int = 28 * 28) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        for width in hidden:
+            layers += [nn.Linear(in_features, width), nn.ReLU(), nn.Dropout(dropout)]
+            in_features = width
+        self.layers = nn.Sequential(*layers, nn.Linear(in_features, NUM_CLASSES))
+
+    def forward(self, images: Tensor) -> Tensor:
+        """``(N, 1, 28, 28)`` float32 images -> ``(N, 10)`` float32 logits."""
+        return self.layers(images)
+
+
 class MNISTClassifier(L.LightningModule):
     """Trains ``net`` with cross-entropy and logs loss and accuracy.
 
