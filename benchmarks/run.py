@@ -124,9 +124,11 @@ def results_table(runs: dict[str, list[dict]]) -> str:
     """Markdown: one row per figure, the median over the runs of each program, and its ratio to the
     reference's median."""
     programs = list(runs)
-    header = "| figure (median) | " + " | ".join(
-        LABELS[p] + ("" if p == "reference" else " | ratio") for p in programs
-    ) + " |"
+    header = (
+        "| figure (median) | "
+        + " | ".join(LABELS[p] + ("" if p == "reference" else " | ratio") for p in programs)
+        + " |"
+    )
     lines = [header, "|---" * (1 + 2 * len(programs) - 1) + "|"]
     for key, title, fmt, _ in ROWS:
         medians = {p: statistics.median(r[key] for r in runs[p]) for p in programs}
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="mnist-ddp-bench-") as tmp:
         work = args.work_dir or Path(tmp)
         for i, seed in enumerate(args.seeds):
-            order = args.programs[i % len(args.programs):] + args.programs[: i % len(args.programs)]
+            order = args.programs[i % len(args.programs) :] + args.programs[: i % len(args.programs)]
             for program in order:
                 figures = run_once(program, work / f"{program}-seed{seed}", data_dir, seed, args)
                 runs[program].append(figures)
@@ -257,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     # Every run's figures too, for whoever wants more than the medians.
-    args.out.with_suffix(".json").write_text(json.dumps({"runs": runs, "input_pipeline": pipeline}, indent=2))
+    args.out.with_suffix(".json").write_text(json.dumps({"runs": runs, "input_pipeline": pipeline}, indent=2) + "\n")
     if args.readme:
         update_readme(args.readme, text)
     print(text)
