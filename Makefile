@@ -1,7 +1,7 @@
 # Two commands: `make train` and `make test`. Both create .venv on first use.
 #   make train ARGS="trainer.devices=4 data.global_batch_size=256"
 #   make test PYTEST_ARGS="-k data"
-# And the benchmark against a hand-written DDP loop (about 12 minutes on 2 CPU cores), which
+# And the benchmark against a hand-written DDP loop (about 10 minutes on 2 CPU cores), which
 # writes benchmarks/results.md and the README's results section:
 #   make benchmark BENCH_ARGS="--data-dir /path/to/data"
 
