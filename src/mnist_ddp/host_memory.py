@@ -13,7 +13,6 @@ the thresholds fixed as below.
 """
 
 import ctypes
-import ctypes.util
 import logging
 
 log = logging.getLogger(__name__)
@@ -38,9 +37,13 @@ def keep_freed_host_memory(trim_threshold_mib: int = 256, mmap_threshold_mib: in
         True when both were set; False where the C library has no ``mallopt`` (macOS, Windows,
         musl) or refused a value, and nothing changed.
     """
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is None or not hasattr(libc, "mallopt"):
+    try:
+        # The symbols already loaded into this process, the C library's among them; unlike
+        # ctypes.util.find_library, this starts no ldconfig subprocess in every DDP process.
+        libc = ctypes.CDLL(None)
+    except (OSError, TypeError):  # Windows has no such handle
+        return False
+    if not hasattr(libc, "mallopt"):
         return False
     applied = libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold_mib * MIB) == 1
     applied = applied and libc.mallopt(M_TRIM_THRESHOLD, trim_threshold_mib * MIB) == 1
