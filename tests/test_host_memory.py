@@ -45,6 +45,8 @@ def faults_per_step(mode: str) -> float:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc thresholds: Linux only")
 def test_fixed_thresholds_stop_the_page_faults_of_every_step():
     default, fixed = faults_per_step("default"), faults_per_step("fixed")
-    # Measured here: about 3,000 faults per step with glibc's defaults, 0 with the fix.
+    # Measured here: about 3,000 faults per step with glibc's defaults (a step's activations,
+    # faulted in afresh), 0 with the fix when alone and up to 15 beside the rest of the suite
+    # (Python's own small-object arenas, not the tensors).
     assert default > 500, f"glibc's defaults gave only {default} page faults per step: nothing to fix here?"
-    assert fixed < 10, f"{fixed} page faults per step with the fix"
+    assert fixed < 100 and fixed < default / 20, f"{fixed} page faults per step with the fix, {default} without"
