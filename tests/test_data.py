@@ -172,7 +172,7 @@ def test_prepare_data_without_files_or_network_names_folder_and_files(tmp_path, 
         MNISTDataModule(str(data_dir)).prepare_data()
     message = str(error.value)
     assert str(data_dir / "MNIST" / "raw") in message
-    assert all(name in message for name in MNIST_FILES)
+    assert all(name in message for name in MNIST_FILES.values())
     assert "data.data_dir" in message
     leftovers = [p for p in data_dir.rglob("*") if p.is_file()]
     assert leftovers == [], f"partial files left behind: {leftovers}"
@@ -187,7 +187,7 @@ def mirror(tmp_path, monkeypatch, synthetic_data_dir):
     mirror_dir = tmp_path / "mirror"
     mirror_dir.mkdir()
     resources = []
-    for name in MNIST_FILES:
+    for name in MNIST_FILES.values():
         archive = mirror_dir / f"{name}.gz"
         archive.write_bytes(gzip.compress((synthetic_data_dir / "MNIST" / "raw" / name).read_bytes()))
         resources.append((archive.name, hashlib.md5(archive.read_bytes()).hexdigest()))
@@ -204,8 +204,8 @@ def mirror(tmp_path, monkeypatch, synthetic_data_dir):
 
 def assert_synthetic_files_in_place(data_dir: Path, synthetic_data_dir: Path) -> None:
     raw = data_dir / "MNIST" / "raw"
-    assert sorted(os.listdir(raw)) == sorted(MNIST_FILES)
-    for name in MNIST_FILES:
+    assert sorted(os.listdir(raw)) == sorted(MNIST_FILES.values())
+    for name in MNIST_FILES.values():
         assert (raw / name).read_bytes() == (synthetic_data_dir / "MNIST" / "raw" / name).read_bytes()
     assert os.listdir(data_dir / "MNIST") == ["raw"], "the temporary download folder must be gone"
 

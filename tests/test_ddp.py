@@ -31,7 +31,7 @@ from conftest import (
     read_scalars,
 )  # fmt: skip
 
-from mnist_ddp.data import MNISTDataModule, load_mnist
+from mnist_ddp.data import MNISTDataModule
 from mnist_ddp.model import CNN
 
 # Float32 parameters after 42 SGD steps: AllReduce sums gradients in another order than one
@@ -123,14 +123,14 @@ def expected_metrics(run_dir, checkpoint, dataset):
 def test_val_and_test_metrics_count_every_sample_once_for_1_2_and_3_processes(run, noisy_data_dir):
     datamodule = MNISTDataModule(str(noisy_data_dir), val_size=VAL_SIZE)
     datamodule.setup("fit")
-    test_set = load_mnist(noisy_data_dir, train=False)
+    datamodule.setup("test")
     logged = {}
     for name in ("ws1", "ws2", "ws3"):
         scalars = read_scalars(run(name) / "tensorboard")
         (best,) = [p.name for p in (run(name) / "checkpoints").glob("epoch_*.ckpt")]
         # After fit, the best checkpoint is validated and tested once more: the last values logged.
         val_loss, val_acc = expected_metrics(run(name), best, datamodule.val_set)
-        test_loss, test_acc = expected_metrics(run(name), best, test_set)
+        test_loss, test_acc = expected_metrics(run(name), best, datamodule.test_set)
         # Accuracy is a count over 191 / 301 samples: one sample counted twice or missed moves it
         # by at least 1/302, far beyond the tolerance.
         assert scalars["val/acc"][-1] == pytest.approx(val_acc, abs=1e-6), name

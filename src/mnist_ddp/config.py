@@ -25,6 +25,16 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 @dataclass
+class IDXFilesConfig:
+    """``data.files``: the four IDX file names of a data set stored as MNIST is."""
+
+    train_images: str = MISSING
+    train_labels: str = MISSING
+    test_images: str = MISSING
+    test_labels: str = MISSING
+
+
+@dataclass
 class DataConfig:
     """``data`` group: arguments of :class:`mnist_ddp.data.MNISTDataModule`."""
 
@@ -37,6 +47,12 @@ class DataConfig:
     num_workers: int = 0
     prepare_data_per_node: bool = True
     on_device: bool = False
+    subdir: str = MISSING
+    files: IDXFilesConfig = MISSING
+    download: str | None = None
+    class_names: list[str] = MISSING
+    mean: float = MISSING
+    std: float = MISSING
 
 
 @dataclass

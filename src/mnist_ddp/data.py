@@ -1,4 +1,5 @@
-"""MNIST as a LightningDataModule with explicit, exact sharding across DDP processes.
+"""An IDX image data set (MNIST by default) as a LightningDataModule with explicit, exact sharding
+across DDP processes.
 
 - ``prepare_data`` (local rank 0 of each node) makes sure the four IDX files are on disk.
 - ``setup`` loads them once into tensors: images ``(N, 1, 28, 28)`` float32, normalized;
@@ -9,71 +10,101 @@
   metrics synced over all processes do not depend on the number of processes.
 - Every batch is one index gather from those tensors (:class:`GatherDataset`): no
   per-sample ``__getitem__`` and no per-sample collate.
+
+Any data set stored as MNIST is (four IDX files: ``(N, 28, 28)`` uint8 images and ``(N,)`` uint8
+labels in ``0..9`` per split) works by configuration alone: folder, file names, class names and
+normalization statistics are arguments (``conf/data/*.yaml``).
 """
 
 import os
 import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import lightning as L
 import torch
+from hydra.utils import get_class
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset, default_convert
-from torchvision.datasets import MNIST
+from torchvision.datasets.mnist import read_image_file, read_label_file
 
 from mnist_ddp.distributed import per_device_batch_size
-from mnist_ddp.errors import ConfigValueError, DataNotAvailableError
+from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError
+from mnist_ddp.model import NUM_CLASSES
 
 #: The four files of the original data set (http://yann.lecun.com/exdb/mnist/), uncompressed,
-#: as torchvision expects them in ``<data_dir>/MNIST/raw/``.
-MNIST_FILES = (
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-)
+#: as torchvision expects them in ``<data_dir>/MNIST/raw/``, by the role each plays.
+MNIST_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
 
 #: Mean and standard deviation of the MNIST training pixels on a 0..1 scale (over all 60,000
 #: training images; the figures used by PyTorch's examples/mnist).
 MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081
 
+#: The image size every network of this template takes (``mnist_ddp.model``).
+IMAGE_SIZE = (28, 28)
 
-def ensure_mnist_files(data_dir: Path) -> Path:
-    """Make sure ``data_dir/MNIST/raw/`` holds :data:`MNIST_FILES`, downloading them if needed.
 
-    The download goes through torchvision (which checks each archive's MD5) into a temporary
-    folder beside the target; the files are moved into place only once all four are complete,
-    so an interrupted or failed download never leaves a partial file behind.
+def ensure_idx_files(raw_dir: Path, files: Sequence[str], download: str | None = "torchvision.datasets.MNIST") -> Path:
+    """Make sure ``raw_dir`` holds every file of ``files``, downloading them if needed.
+
+    Args:
+        raw_dir: the folder that holds, or will receive, the files.
+        files: their names.
+        download: import path of a torchvision data set class of the MNIST family
+            (``torchvision.datasets.MNIST``, ``FashionMNIST``, ``KMNIST``) that fetches the files
+            (and checks each archive's MD5), or None for a data set that cannot be downloaded.
+            It downloads into a temporary folder beside ``raw_dir``; the files are moved into
+            place only once all of them are complete, so an interrupted or failed download never
+            leaves a partial file behind.
 
     Returns:
-        The ``MNIST/raw`` folder.
+        ``raw_dir``.
 
     Raises:
-        DataNotAvailableError: if files are missing and the download fails (no network, or the
-            folder is not writable). The message names the folder and the four files.
+        DataNotAvailableError: if files are missing and cannot be downloaded (no network, the
+            folder is not writable, or ``download`` is None). The message names the folder and
+            the files.
     """
-    raw = Path(data_dir) / "MNIST" / "raw"
-    missing = [name for name in MNIST_FILES if not (raw / name).is_file()]
+    raw = Path(raw_dir)
+    missing = [name for name in files if not (raw / name).is_file()]
     if not missing:
         return raw
+    if download is None:
+        raise DataNotAvailableError(
+            f"{', '.join(missing)} not found in {raw}, and this data set has no download (data.download=null). "
+            f"Put the files {', '.join(files)} into {raw}, "
+            "or point data.data_dir (and data.subdir) at a folder that has them."
+        )
+    dataset_class = get_class(download)
     try:
         raw.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".download-", dir=raw.parent) as tmp:
-            MNIST(tmp, train=True, download=True)
+            dataset_class(tmp, train=True, download=True)
+            fetched = Path(tmp) / dataset_class.__name__ / "raw"  # torchvision's layout: <root>/<class>/raw
             raw.mkdir(exist_ok=True)
-            for name in MNIST_FILES:
-                os.replace(Path(tmp) / "MNIST" / "raw" / name, raw / name)
+            for name in files:
+                os.replace(fetched / name, raw / name)
     except (OSError, RuntimeError) as err:
         raise DataNotAvailableError(
-            f"MNIST is missing from {raw} ({', '.join(missing)} not found) and could not be downloaded: "
-            f"{str(err).strip().splitlines()[-1]}\n"
-            f"Put the four uncompressed IDX files {', '.join(MNIST_FILES)} into {raw}, "
-            f"or point data.data_dir at a folder that has them in MNIST/raw/, "
+            f"{dataset_class.__name__} is missing from {raw} ({', '.join(missing)} not found) and could not be "
+            f"downloaded: {str(err).strip().splitlines()[-1]}\n"
+            f"Put the uncompressed IDX files {', '.join(files)} into {raw}, "
+            f"or point data.data_dir (and data.subdir) at a folder that has them, "
             f"or run once on a machine with internet access."
         ) from err
     return raw
+
+
+def ensure_mnist_files(data_dir: Path) -> Path:
+    """:func:`ensure_idx_files` for MNIST itself: the four files in ``data_dir/MNIST/raw/``."""
+    return ensure_idx_files(Path(data_dir) / "MNIST" / "raw", list(MNIST_FILES.values()))
 
 
 class GatherDataset(TensorDataset):
@@ -95,26 +126,57 @@ class GatherDataset(TensorDataset):
         return tuple(tensor[index] for tensor in self.tensors)
 
 
-def load_mnist(data_dir: Path, train: bool) -> GatherDataset:
-    """Read one MNIST split from its IDX files into memory.
+def read_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> tuple[Tensor, Tensor]:
+    """Read one split's images and labels from their IDX files, with torchvision's IDX reader.
 
     Returns:
-        ``GatherDataset(images, labels)``: images ``(N, 1, 28, 28)`` float32, normalized with
-        :data:`MNIST_MEAN` / :data:`MNIST_STD`; labels ``(N,)`` int64 in 0..9.
+        images ``(N, 28, 28)`` uint8 and labels ``(N,)`` int64 in ``0..num_classes - 1``.
+
+    Raises:
+        DataFormatError: naming the file, when a file is not an IDX file of the expected kind
+            (images: 3 dimensions, uint8; labels: 1 dimension, uint8), the images are not 28x28,
+            the two files hold different numbers of samples, or a label is outside the classes.
     """
-    split = MNIST(data_dir, train=train, download=False)
-    images = (split.data.unsqueeze(1).float() / 255.0 - MNIST_MEAN) / MNIST_STD
-    return GatherDataset(images, split.targets.long())
+    images = _read_idx(read_image_file, images_file, "uint8 images (N, 28, 28)")
+    labels = _read_idx(read_label_file, labels_file, "uint8 labels (N,)")
+    if tuple(images.shape[1:]) != IMAGE_SIZE:
+        raise DataFormatError(
+            f"{images_file} holds {images.shape[1]}x{images.shape[2]} images; this template's networks take "
+            f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]} (resize the data set, or change the networks in mnist_ddp/model.py)."
+        )
+    if len(images) != len(labels):
+        raise DataFormatError(f"{images_file} holds {len(images)} images but {labels_file} {len(labels)} labels.")
+    if len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < num_classes:
+        raise DataFormatError(
+            f"{labels_file} has labels {int(labels.min())}..{int(labels.max())}; data.class_names names "
+            f"{num_classes} classes (labels 0..{num_classes - 1})."
+        )
+    return images, labels
+
+
+def _read_idx(reader: Callable[[str], Tensor], path: Path, kind: str) -> Tensor:
+    try:
+        return reader(str(path))
+    # torchvision's reader checks the header with assert, dtype and dimensions with TypeError /
+    # ValueError, and fails on a truncated file in the final reshape (RuntimeError).
+    except (AssertionError, KeyError, RuntimeError, TypeError, ValueError) as err:
+        raise DataFormatError(f"{path} is not an IDX file of {kind}: {err or type(err).__name__}") from err
+
+
+def normalize(images: Tensor, mean: float, std: float) -> Tensor:
+    """``(N, 28, 28)`` uint8 pixels -> ``(N, 1, 28, 28)`` float32, ``(pixel / 255 - mean) / std``."""
+    return (images.unsqueeze(1).float() / 255.0 - mean) / std
 
 
 class MNISTDataModule(L.LightningDataModule):
-    """MNIST, held in memory, sharded explicitly across the DDP process group.
+    """MNIST, or any data set stored as MNIST is, held in memory, sharded explicitly across the
+    DDP process group.
 
     Args:
-        data_dir: folder holding (or receiving) ``MNIST/raw/<the four IDX files>``.
+        data_dir: the data root; the files are in (or are downloaded into) ``data_dir/subdir``.
         global_batch_size: samples per optimizer step summed over all processes; each process
             loads ``global_batch_size / (world_size * accumulate_grad_batches)`` per step.
-        val_size: images taken from the 60,000 training images for validation (default 5,000).
+        val_size: images taken from the training images for validation (default 5,000).
         split_seed: seed of the train/val split; fixed by default so that validation metrics
             compare across training seeds.
         shuffle_seed: seed of the training sampler's per-epoch permutation.
@@ -127,11 +189,27 @@ class MNISTDataModule(L.LightningDataModule):
             batch to the device. True: :meth:`setup` moves the whole data set to the process's
             device once (about 220 MiB of float32 for MNIST), and each batch is an index gather
             there, with no host-to-device copy per step. For GPUs; on CPU it changes nothing.
+        subdir: the folder under ``data_dir`` with the files (default ``MNIST/raw``, torchvision's
+            layout ``<class name>/raw``; ``.`` for ``data_dir`` itself).
+        files: the four IDX file names by role, keys ``train_images``, ``train_labels``,
+            ``test_images``, ``test_labels`` (default :data:`MNIST_FILES`). Images ``(N, 28, 28)``
+            uint8, labels ``(N,)`` uint8.
+        download: import path of the torchvision class that downloads missing files (default
+            ``torchvision.datasets.MNIST``; ``FashionMNIST`` or ``KMNIST`` for those), or None
+            for a data set that cannot be downloaded.
+        class_names: one name per class, label ``i`` is ``class_names[i]`` (default the digits
+            ``"0"``..``"9"``); used in TensorBoard's figures. The networks output 10 classes.
+        mean: mean of the training pixels on a 0..1 scale (default :data:`MNIST_MEAN`).
+        std: their standard deviation (default :data:`MNIST_STD`). Each image is served as
+            ``(pixel / 255 - mean) / std``.
 
     Raises:
-        ConfigValueError: from :meth:`setup` when ``val_size`` leaves no training images, or
-            when ``on_device`` is combined with ``num_workers`` > 0 (worker processes cannot
-            serve tensors that live on a GPU).
+        ConfigValueError: from the constructor when ``files`` lacks a role or ``std`` is not
+            positive; from :meth:`setup` when ``val_size`` leaves no training images, or when
+            ``on_device`` is combined with ``num_workers`` > 0 (worker processes cannot serve
+            tensors that live on a GPU).
+        DataNotAvailableError: from :meth:`prepare_data`, see :func:`ensure_idx_files`.
+        DataFormatError: from :meth:`setup`, see :func:`read_idx_split`.
         BatchSizeError: from the dataloaders, for a global batch that does not split evenly
             over the processes (see :func:`mnist_ddp.distributed.per_device_batch_size`).
     """
@@ -146,18 +224,44 @@ class MNISTDataModule(L.LightningDataModule):
         num_workers: int = 0,
         prepare_data_per_node: bool = True,
         on_device: bool = False,
+        subdir: str = "MNIST/raw",
+        files: Mapping[str, str] = MNIST_FILES,
+        download: str | None = "torchvision.datasets.MNIST",
+        class_names: Sequence[str] = tuple(str(digit) for digit in range(10)),
+        mean: float = MNIST_MEAN,
+        std: float = MNIST_STD,
     ) -> None:
         super().__init__()
+        if sorted(files) != sorted(MNIST_FILES):
+            raise ConfigValueError(f"data.files must name exactly {', '.join(MNIST_FILES)}; got {', '.join(files)}.")
+        if len(class_names) != NUM_CLASSES:
+            raise ConfigValueError(
+                f"data.class_names has {len(class_names)} names; the networks output {NUM_CLASSES} classes "
+                "(mnist_ddp.model.NUM_CLASSES). Name one class per label 0..9."
+            )
+        if not std > 0:
+            raise ConfigValueError(f"data.std={std} must be positive (the training pixels' standard deviation).")
+        # Plain types in the checkpoint (Hydra passes DictConfig / ListConfig), which then loads with
+        # torch.load(weights_only=True); save_hyperparameters reads these locals.
+        files, class_names = dict(files), list(class_names)
         # Hyperparameters are logged once for the whole composed config by the entry point.
         self.save_hyperparameters(logger=False)
         self.prepare_data_per_node = prepare_data_per_node  # read by Lightning
-        self.data_dir = Path(data_dir)
+        self.raw_dir = Path(data_dir) / subdir
+        self.class_names = class_names
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
 
+    def _load(self, split: str) -> GatherDataset:
+        files = self.hparams.files
+        images, labels = read_idx_split(
+            self.raw_dir / files[f"{split}_images"], self.raw_dir / files[f"{split}_labels"], len(self.class_names)
+        )
+        return GatherDataset(normalize(images, self.hparams.mean, self.hparams.std), labels)
+
     def prepare_data(self) -> None:
-        ensure_mnist_files(self.data_dir)
+        ensure_idx_files(self.raw_dir, list(self.hparams.files.values()), self.hparams.download)
 
     def setup(self, stage: str) -> None:
         if self.hparams.on_device and self.hparams.num_workers > 0:
@@ -166,7 +270,7 @@ class MNISTDataModule(L.LightningDataModule):
                 f"set data.num_workers=0 (not {self.hparams.num_workers}) or data.on_device=false."
             )
         if stage in ("fit", "validate") and self.train_set is None:
-            full = load_mnist(self.data_dir, train=True)
+            full = self._load("train")
             val_size = self.hparams.val_size
             if not 0 < val_size < len(full):
                 raise ConfigValueError(f"data.val_size={val_size} must be between 1 and {len(full) - 1}.")
@@ -176,7 +280,7 @@ class MNISTDataModule(L.LightningDataModule):
             self.val_set = GatherDataset(images[order[:val_size]], labels[order[:val_size]])
             self.train_set = GatherDataset(images[order[val_size:]], labels[order[val_size:]])
         if stage == "test" and self.test_set is None:
-            self.test_set = load_mnist(self.data_dir, train=False)
+            self.test_set = self._load("test")
         if self.hparams.on_device:
             device = self.trainer.strategy.root_device
             for name in ("train_set", "val_set", "test_set"):

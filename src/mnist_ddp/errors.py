@@ -29,6 +29,10 @@ class DataNotAvailableError(UsageError, FileNotFoundError):
     """Data files that are neither on disk nor downloadable."""
 
 
+class DataFormatError(UsageError, ValueError):
+    """A data file that is not what the DataModule reads (format, shape, sample count, labels)."""
+
+
 def exit_on_usage_error(task: Callable[..., T]) -> Callable[..., T]:
     """Wrap a Hydra task function: a :class:`UsageError` is logged as one line, then exit status 1.
 

@@ -15,10 +15,10 @@ from matplotlib.figure import Figure
 from torch import Tensor
 from torchmetrics.utilities.plot import plot_confusion_matrix
 
-from mnist_ddp.data import MNIST_MEAN, MNIST_STD
 
-
-def digit_grid(images: Tensor, titles: Sequence[str], heading: str = "", columns: int = 8) -> Figure:
+def digit_grid(
+    images: Tensor, titles: Sequence[str], mean: float, std: float, heading: str = "", columns: int = 8
+) -> Figure:
     """A grid of digits, each with a title above it (its label, or true and predicted class).
 
     The figure is ``1.2 * columns`` by ``1.4 * rows`` inches at 80 dpi: 768 x 112 pixels per row of 8.
@@ -27,10 +27,10 @@ def digit_grid(images: Tensor, titles: Sequence[str], heading: str = "", columns
     training step waited for); this takes about 0.1 s.
 
     Args:
-        images: ``(N, 1, 28, 28)`` float32, normalized as the DataModule serves them (mean
-            :data:`~mnist_ddp.data.MNIST_MEAN`, std :data:`~mnist_ddp.data.MNIST_STD`); shown
+        images: ``(N, 1, 28, 28)`` float32, normalized as the DataModule serves them; shown
             un-normalized, white on black as in the data set.
         titles: ``N`` strings, one per image.
+        mean, std: the normalization the images were served with (``data.mean``, ``data.std``).
         heading: the figure's title, which says what the digit titles are (default none).
         columns: digits per row (default 8).
 
@@ -40,7 +40,7 @@ def digit_grid(images: Tensor, titles: Sequence[str], heading: str = "", columns
     if len(images) == 0 or len(titles) != len(images):
         raise ValueError(f"digit_grid needs one title per image and at least one image, got {len(images)} images "
                          f"and {len(titles)} titles")  # fmt: skip
-    pixels = (images.detach().float().cpu()[:, 0] * MNIST_STD + MNIST_MEAN).clamp(0, 1)  # (N, 28, 28)
+    pixels = (images.detach().float().cpu()[:, 0] * std + mean).clamp(0, 1)  # (N, 28, 28)
     rows = math.ceil(len(images) / columns)
     # Each digit in a 36 x 42 pixel cell (the 1.2 x 1.4 inch shape of its place in the figure),
     # with 12 rows above it for its title.
@@ -64,11 +64,12 @@ def digit_grid(images: Tensor, titles: Sequence[str], heading: str = "", columns
     return figure
 
 
-def confusion_matrix_figure(matrix: Tensor) -> Figure:
+def confusion_matrix_figure(matrix: Tensor, class_names: Sequence[str]) -> Figure:
     """A ``(C, C)`` confusion matrix of counts (rows: true class, columns: predicted class) as a
-    heat map with the count in each cell, drawn by torchmetrics' own plot."""
+    heat map with the count in each cell, drawn by torchmetrics' own plot; ``class_names``: ``C``
+    axis labels."""
     figure = Figure(figsize=(7, 6), dpi=80, layout="constrained")
-    plot_confusion_matrix(matrix.cpu(), ax=figure.subplots(), add_text=True, labels=list(range(len(matrix))))
+    plot_confusion_matrix(matrix.cpu(), ax=figure.subplots(), add_text=True, labels=list(class_names))
     return figure
 
 

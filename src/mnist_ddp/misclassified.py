@@ -22,7 +22,9 @@ class MisclassificationReport(L.Callback):
       Not written when every test digit is classified correctly.
 
     ``test_step`` must return the predicted classes of its batch, ``(N,)`` int64, and batches
-    must be ``(images (N, 1, 28, 28), labels (N,))``.
+    must be ``(images (N, 1, 28, 28), labels (N,))``. Classes are titled and the images
+    un-normalized with the DataModule's ``class_names`` and ``hparams.mean`` / ``hparams.std``
+    (:class:`~mnist_ddp.data.MNISTDataModule`).
 
     Args:
         max_images: most misclassified digits shown (default 64).
@@ -52,10 +54,12 @@ class MisclassificationReport(L.Callback):
         matrix = self._confusion.compute()
         images, labels, preds = self._gather_wrong(trainer, pl_module)
         for writer in tensorboard_writers(trainer):
-            writer.add_figure("test/confusion_matrix", confusion_matrix_figure(matrix), global_step=trainer.global_step)
+            names, data = trainer.datamodule.class_names, trainer.datamodule.hparams
+            figure = confusion_matrix_figure(matrix, names)
+            writer.add_figure("test/confusion_matrix", figure, global_step=trainer.global_step)
             if len(images):
-                titles = [f"{true} → {pred}" for true, pred in zip(labels.tolist(), preds.tolist())]
-                figure = digit_grid(images, titles, heading="true class → predicted class")
+                titles = [f"{names[true]} → {names[pred]}" for true, pred in zip(labels.tolist(), preds.tolist())]
+                figure = digit_grid(images, titles, data.mean, data.std, heading="true class → predicted class")
                 writer.add_figure("test/misclassified", figure, global_step=trainer.global_step)
 
     def _gather_wrong(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[Tensor, Tensor, Tensor]:

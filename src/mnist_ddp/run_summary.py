@@ -29,7 +29,8 @@ class RunSummary(L.Callback):
     At the first training step (not again when a run resumes from a checkpoint):
 
     - Image ``train/input_batch``: up to ``max_images`` digits of global rank 0's first batch,
-      un-normalized, each titled with its label (a wrong label or a blank image shows here).
+      un-normalized, each titled with its class name (a wrong label or a blank image shows here),
+      from the DataModule's ``class_names`` and ``hparams.mean`` / ``hparams.std``.
 
     Only a :class:`~lightning.pytorch.loggers.TensorBoardLogger` gets these.
 
@@ -75,7 +76,9 @@ class RunSummary(L.Callback):
             return
         images, labels = batch[0][: self.max_images], batch[1][: self.max_images]
         for writer in tensorboard_writers(trainer):
-            figure = digit_grid(images, [str(label) for label in labels.tolist()], heading="label")
+            data = trainer.datamodule
+            titles = [data.class_names[label] for label in labels.tolist()]
+            figure = digit_grid(images, titles, data.hparams.mean, data.hparams.std, heading="label")
             writer.add_figure("train/input_batch", figure, global_step=0)
 
 

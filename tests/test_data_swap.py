@@ -1,0 +1,149 @@
+"""Swapping the data set is a config change only: any data set stored as MNIST is (four IDX files,
+28x28 uint8 images, ten classes) trains through the same DataModule once its folder, file names,
+class names and normalization statistics are set on the command line or in ``conf/data/``.
+
+The data set here is synthetic (no other IDX data set exists on this machine): the synthetic
+MNIST-format digits of conftest, inverted to dark patches on a light background (so their
+statistics are far from MNIST's), under other file names, in a folder of their own.
+"""
+
+import shutil
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from conftest import write_idx
+from hydra import compose, initialize_config_dir
+from hydra.utils import get_class, instantiate
+from torchvision.datasets import FashionMNIST
+from torchvision.datasets.mnist import read_image_file
+
+from mnist_ddp.config import CONFIG_DIR, register_configs
+from mnist_ddp.data import MNISTDataModule
+from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError
+
+register_configs()
+
+FILES = {
+    "train_images": "letters-train-images.idx3",
+    "train_labels": "letters-train-labels.idx1",
+    "test_images": "letters-test-images.idx3",
+    "test_labels": "letters-test-labels.idx1",
+}
+CLASS_NAMES = list("ABCDEFGHIJ")
+
+
+def idx_array(path) -> np.ndarray:
+    """The array of an IDX file of uint8 (header: 4 magic bytes, then one 4-byte size per dimension)."""
+    data = path.read_bytes()
+    ndim = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data[4 + 4 * ndim :], np.uint8).reshape(shape)
+
+
+@pytest.fixture(scope="module")
+def letters_dir(synthetic_data_dir, tmp_path_factory):
+    """The synthetic set as another data set: inverted pixels, its own file names, files directly in the folder."""
+    folder = tmp_path_factory.mktemp("letters")
+    raw = synthetic_data_dir / "MNIST" / "raw"
+    for role, mnist_name in (("train_images", "train-images-idx3-ubyte"), ("test_images", "t10k-images-idx3-ubyte")):
+        write_idx(folder / FILES[role], 255 - idx_array(raw / mnist_name))
+    shutil.copy(raw / "train-labels-idx1-ubyte", folder / FILES["train_labels"])
+    shutil.copy(raw / "t10k-labels-idx1-ubyte", folder / FILES["test_labels"])
+    return folder
+
+
+def letters_overrides(folder, mean: float, std: float) -> list[str]:
+    names = ",".join(CLASS_NAMES)
+    return [
+        f"data.data_dir={folder}", "data.subdir=.", "data.download=null", f"data.class_names=[{names}]",
+        f"data.mean={mean}", f"data.std={std}", "data.val_size=200", "data.global_batch_size=32",
+        *(f"data.files.{role}={name}" for role, name in FILES.items()),
+    ]  # fmt: skip
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_an_idx_data_set_trains_by_configuration_alone(letters_dir, tmp_path):
+    pixels = idx_array(letters_dir / FILES["train_images"]) / 255.0
+    mean, std = round(float(pixels.mean()), 4), round(float(pixels.std()), 4)
+    assert mean > 0.7, "inverted digits: far from MNIST's mean 0.1307"
+    cfg = compose_config(*letters_overrides(letters_dir, mean, std))
+    L.seed_everything(0)
+    model, datamodule = instantiate(cfg.model), instantiate(cfg.data)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=datamodule)
+    (test,) = trainer.test(model, datamodule=datamodule, verbose=False)
+
+    # Served as (pixel / 255 - mean) / std with the configured statistics: the test split exactly.
+    test_pixels = torch.from_numpy(idx_array(letters_dir / FILES["test_images"]).copy())
+    images, labels = datamodule.test_set.tensors
+    assert torch.allclose(images, (test_pixels.unsqueeze(1).float() / 255 - mean) / std)
+    assert torch.equal(labels, torch.from_numpy(idx_array(letters_dir / FILES["test_labels"]).astype(np.int64)))
+    assert datamodule.class_names == CLASS_NAMES
+    # Bright squares -> dark squares: still one position per class; 2% of the test labels are noise.
+    assert test["test/acc"] >= 0.9, test
+
+
+def test_files_missing_without_a_download_name_the_files_and_the_setting(letters_dir, tmp_path):
+    cfg = compose_config(*letters_overrides(tmp_path / "empty", 0.5, 0.5))
+    with pytest.raises(DataNotAvailableError) as error:
+        instantiate(cfg.data).prepare_data()
+    message = str(error.value)
+    assert all(name in message for name in FILES.values()) and "data.download=null" in message
+    assert not (tmp_path / "empty").exists(), "nothing is created for a data set that cannot be downloaded"
+
+
+def write_split(folder, images: np.ndarray, labels: np.ndarray) -> dict[str, str]:
+    for role in ("train", "test"):
+        write_idx(folder / FILES[f"{role}_images"], images)
+        write_idx(folder / FILES[f"{role}_labels"], labels)
+    return FILES
+
+
+@pytest.mark.parametrize(
+    ("images_shape", "labels", "message"),
+    [
+        ((20, 32, 32), np.zeros(20), "holds 32x32 images; this template's networks take 28x28"),
+        ((20, 28, 28), np.zeros(19), "holds 20 images but"),
+        ((20, 28, 28), np.full(20, 10), "has labels 10..10; data.class_names names 10 classes (labels 0..9)"),
+        ((20, 28), np.zeros(20), "is not an IDX file of uint8 images (N, 28, 28)"),
+    ],
+)
+def test_a_data_set_of_another_shape_is_refused_naming_the_file(tmp_path, images_shape, labels, message):
+    write_split(tmp_path, np.zeros(images_shape), labels)
+    datamodule = MNISTDataModule(str(tmp_path), val_size=5, subdir=".", files=FILES, download=None)
+    with pytest.raises(DataFormatError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
+        datamodule.setup("fit")
+    assert str(tmp_path) in str(error.value)
+
+
+def test_class_names_must_name_the_networks_ten_classes(tmp_path):
+    with pytest.raises(ConfigValueError, match="data.class_names has 9 names; the networks output 10 classes"):
+        MNISTDataModule(str(tmp_path), class_names=list("ABCDEFGHI"))
+
+
+def test_fashion_mnist_is_a_config_file_over_the_same_datamodule():
+    cfg = compose_config("data=fashion_mnist")
+    assert cfg.data._target_ == "mnist_ddp.data.MNISTDataModule"
+    assert cfg.data.class_names == FashionMNIST.classes
+    assert get_class(cfg.data.download) is FashionMNIST
+    # torchvision downloads into <root>/FashionMNIST/raw, which is where the DataModule reads.
+    assert cfg.data.subdir == f"{FashionMNIST.__name__}/raw"
+    assert dict(cfg.data.files) == dict(compose_config().data.files)
+    assert (cfg.data.mean, cfg.data.std) == (0.2860, 0.3530)
+
+
+def test_mnist_statistics_in_the_config_are_those_of_the_training_images(mnist_data_dir):
+    # The README's recipe for a new data set's data.mean / data.std, on the real MNIST files.
+    pixels = read_image_file(str(mnist_data_dir / "MNIST" / "raw" / "train-images-idx3-ubyte")).float() / 255
+    cfg = compose_config()
+    assert (round(pixels.mean().item(), 4), round(pixels.std().item(), 4)) == (cfg.data.mean, cfg.data.std)
