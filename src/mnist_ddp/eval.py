@@ -68,5 +68,10 @@ def main(cfg: DictConfig) -> float:
     return metrics["test/acc"]
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script ``mnist-ddp-eval``: the same as ``python -m mnist_ddp.eval``."""
     run_entry_point(main, config_name="eval")
+
+
+if __name__ == "__main__":
+    cli()

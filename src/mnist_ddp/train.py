@@ -94,5 +94,10 @@ def main(cfg: DictConfig) -> float:
     return metrics["val/acc"]
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script ``mnist-ddp-train``: the same as ``python -m mnist_ddp.train``."""
     run_entry_point(main, config_name="config")
+
+
+if __name__ == "__main__":
+    cli()
