@@ -1,4 +1,5 @@
 # Two commands: `make train` and `make test`. Both create .venv on first use.
+# `make rename NAME=my-project` makes the template your project (see below).
 #   make train ARGS="trainer.devices=4 data.global_batch_size=256"
 #   make test PYTEST_ARGS="-k data"
 # And the benchmark against a hand-written DDP loop (about 10 minutes on 2 CPU cores), which
@@ -10,7 +11,7 @@ VENV := .venv
 # Marker file: the venv is rebuilt when pyproject.toml changes.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: train test benchmark clean
+.PHONY: train test benchmark rename clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +26,11 @@ test: $(INSTALLED)
 
 benchmark: $(INSTALLED)
 	$(VENV)/bin/python -m benchmarks.run --readme README.md $(BENCH_ARGS)
+
+# Make the template your project: `make rename NAME=fashion-ddp` renames the distribution,
+# the package (src/fashion_ddp), its imports, console scripts and Hydra targets (tools/rename.py).
+rename:
+	$(PYTHON) tools/rename.py $(NAME)
 
 clean:
 	rm -rf $(VENV) src/*.egg-info .pytest_cache

@@ -1,0 +1,159 @@
+"""``make rename NAME=...`` turns a copy of the template into a project of another name, whose own
+``make test`` passes and whose console script trains with DDP.
+
+The copy is this working tree as a fresh git checkout in a temporary folder. Its ``.venv`` is made
+the way ``make`` would see an installed one, without downloading the dependencies a second time:
+a virtual environment whose site-packages reaches this one's as a plain path (so this project's
+own editable install, ``mnist_ddp``, is not importable there), with the renamed project installed
+into it editable by pip. Then the renamed project's ``make test`` runs a quick subset of its tests.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from conftest import REPO, cli_env, make_synthetic_mnist
+
+# Joined here, not written out: the rename refuses a name that is already a word of the code.
+NEW_DIST, NEW_PACKAGE = "-".join(("acme", "vision")), "_".join(("acme", "vision"))
+#: The renamed project's quick subset: the schema, and training through the data and model configs.
+QUICK_TESTS = "tests/test_config.py tests/test_model_swap.py tests/test_data_swap.py"
+
+
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def rename(project: Path, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "tools/rename.py", name], cwd=project, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """This working tree as git would clone it (uncommitted work included, ignored files not),
+    committed as the first commit of a fresh repository."""
+    project = tmp_path_factory.mktemp("clone") / "project"
+    for name in git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=REPO).split("\0"):
+        if name and (REPO / name).is_file():
+            (project / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, project / name)
+    git("init", "--quiet", cwd=project)
+    git("add", "--all", cwd=project)
+    git("-c", "user.name=test", "-c", "user.email=test@localhost", "commit", "--quiet", "-m", "template", cwd=project)
+    return project
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("my project", "is not a project name"),
+        ("json", "would shadow Python's own 'json'"),
+        ("Lightning", "would shadow Python's own 'lightning'"),
+        ("mnist_ddp", "already named mnist-ddp"),
+        ("ddp", "ddp is already a word in"),
+    ],
+)
+def test_a_name_that_cannot_work_is_refused_and_nothing_changes(clone, name, message):
+    result = rename(clone, name)
+    assert result.returncode == 1 and result.stderr.startswith("Error: ") and message in result.stderr
+    assert git("status", "--porcelain", cwd=clone) == ""
+
+
+def test_uncommitted_changes_are_refused(clone):
+    (clone / "scratch.txt").write_text("work in progress\n")
+    try:
+        result = rename(clone, NEW_DIST)
+        assert result.returncode == 1 and "uncommitted changes" in result.stderr
+        assert (clone / "src" / "mnist_ddp").is_dir()
+    finally:
+        (clone / "scratch.txt").unlink()
+
+
+@pytest.fixture(scope="module")
+def renamed(clone) -> Path:
+    result = rename(clone, NEW_DIST)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"Renamed mnist-ddp -> {NEW_DIST} (package mnist_ddp -> {NEW_PACKAGE}) in ")
+    return clone
+
+
+def test_no_trace_of_the_old_name_is_left(renamed):
+    assert not (renamed / "src" / "mnist_ddp").exists() and (renamed / "src" / NEW_PACKAGE / "train.py").is_file()
+    leftovers = [
+        path for path in renamed.rglob("*")
+        if ".git" not in path.parts and path.is_file() and path.suffix != ".png"
+        and ("mnist_ddp" in path.read_text() or "mnist-ddp" in path.read_text())
+    ]  # fmt: skip
+    assert leftovers == []
+    assert (renamed / "README.md").read_text().splitlines()[0] == f"# {NEW_DIST}"
+    pyproject = (renamed / "pyproject.toml").read_text()
+    assert f'name = "{NEW_DIST}"' in pyproject and f'{NEW_DIST}-train = "{NEW_PACKAGE}.train:cli"' in pyproject
+    assert f"_target_: {NEW_PACKAGE}.data.MNISTDataModule" in (renamed / "conf" / "data" / "mnist.yaml").read_text()
+    # git sees the package's files as renamed (and edited), not as deleted and added anew.
+    git("add", "--all", cwd=renamed)
+    status = git("diff", "--cached", "--name-status", "-M", cwd=renamed)
+    assert re.search(rf"^R\d+\tsrc/mnist_ddp/train.py\tsrc/{NEW_PACKAGE}/train.py$", status, re.MULTILINE), status
+
+
+@pytest.fixture(scope="module")
+def installed(renamed) -> Path:
+    """The renamed project with its .venv: this environment's packages, the renamed project editable."""
+    venv = renamed / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    target = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    # A plain path: the packages, not the .pth files (editable installs) inside that folder.
+    Path(target, "template-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+         "--no-build-isolation", "--editable", str(renamed)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    (venv / ".installed").touch()  # make's marker: the environment is up to date with pyproject.toml
+    probe = f"import importlib.util as u; print(u.find_spec('mnist_ddp'), u.find_spec('{NEW_PACKAGE}').origin)"
+    found = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert found == ["None", str(renamed / "src" / NEW_PACKAGE / "__init__.py")]
+    return renamed
+
+
+def clean_env() -> dict[str, str]:
+    """A fresh shell's environment: no launcher variables, no PYTHONPATH (the renamed project finds
+    its own tests' helpers), nothing of this pytest run or of a make that started it."""
+    drop = ("PYTHONPATH", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    return {key: value for key, value in cli_env().items() if key not in drop and not key.startswith("PYTEST_")}
+
+
+def test_the_renamed_projects_make_test_passes(installed):
+    env = clean_env()
+    result = subprocess.run(
+        ["make", "test", f"PYTEST_ARGS=-n 0 -p no:cacheprovider {QUICK_TESTS}"],
+        cwd=installed, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "pip install" not in result.stdout, "make must take the prepared .venv as installed"
+    summary = result.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "skipped" not in summary, summary
+
+
+def test_the_renamed_console_script_trains_with_two_processes(installed, tmp_path):
+    data_dir = make_synthetic_mnist(tmp_path / "data", n_train=700, n_test=100)
+    env = clean_env()
+    result = subprocess.run(
+        [str(installed / ".venv" / "bin" / f"{NEW_DIST}-train"), f"data.data_dir={data_dir}", "data.val_size=100",
+         "data.global_batch_size=40", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1",
+         f"paths.log_dir={tmp_path / 'logs'}"],
+        cwd=installed, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "logs" / "runs").iterdir()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["test/acc"] >= 0.9, metrics
+    assert f"[rank 1][{NEW_PACKAGE}.train]" in (run_dir / "train.log").read_text(), "rank 1 ran the renamed package"
