@@ -6,8 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
+from hydra.utils import instantiate
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,6 +157,22 @@ def run_cli(
     return subprocess.run(
         command, cwd=REPO, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=timeout
     )
+
+
+def fit_and_test_in_process(cfg, root_dir: Path, max_epochs: int = 3) -> tuple:
+    """Build ``cfg``'s model and DataModule as the entry point does (Hydra ``instantiate``), train
+    them in this process (one CPU device, no logger or checkpoints) and test them: returns the
+    DataModule and the test metrics. For checks of a config's parts; DDP runs go through the CLI."""
+    L.seed_everything(0)
+    model, datamodule = instantiate(cfg.model), instantiate(cfg.data)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_epochs=max_epochs, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+        default_root_dir=root_dir,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=datamodule)
+    (test,) = trainer.test(model, datamodule=datamodule, verbose=False)
+    return datamodule, test
 
 
 def read_scalars(event_dir: Path, steps: bool = False) -> dict[str, list]:

@@ -9,11 +9,10 @@ statistics are far from MNIST's), under other file names, in a folder of their o
 
 import shutil
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import write_idx
+from conftest import fit_and_test_in_process, write_idx
 from hydra import compose, initialize_config_dir
 from hydra.utils import get_class, instantiate
 from torchvision.datasets import FashionMNIST
@@ -73,15 +72,7 @@ def test_an_idx_data_set_trains_by_configuration_alone(letters_dir, tmp_path):
     mean, std = round(float(pixels.mean()), 4), round(float(pixels.std()), 4)
     assert mean > 0.7, "inverted digits: far from MNIST's mean 0.1307"
     cfg = compose_config(*letters_overrides(letters_dir, mean, std))
-    L.seed_everything(0)
-    model, datamodule = instantiate(cfg.model), instantiate(cfg.data)
-    trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
-        default_root_dir=tmp_path,
-    )  # fmt: skip
-    trainer.fit(model, datamodule=datamodule)
-    (test,) = trainer.test(model, datamodule=datamodule, verbose=False)
+    datamodule, test = fit_and_test_in_process(cfg, tmp_path)
 
     # Served as (pixel / 255 - mean) / std with the configured statistics: the test split exactly.
     test_pixels = torch.from_numpy(idx_array(letters_dir / FILES["test_images"]).copy())

@@ -2,10 +2,9 @@
 LightningModule and Trainer as the CNN, and learns (one process, in this process: the DDP paths
 are the same for every network and are tested with the CNN)."""
 
-import lightning as L
 import torch
+from conftest import fit_and_test_in_process
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 
 from mnist_ddp.config import CONFIG_DIR, register_configs
 from mnist_ddp.model import MLP
@@ -25,14 +24,6 @@ def test_model_mlp_trains_through_the_same_datamodule_and_module(synthetic_data_
             "model=mlp", f"data.data_dir={synthetic_data_dir}", "data.val_size=200", "data.global_batch_size=32",
         ])  # fmt: skip
     assert cfg.model.net._target_ == "mnist_ddp.model.MLP"
-    L.seed_everything(0)
-    model, datamodule = instantiate(cfg.model), instantiate(cfg.data)
-    trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
-        default_root_dir=tmp_path,
-    )  # fmt: skip
-    trainer.fit(model, datamodule=datamodule)
-    (test,) = trainer.test(model, datamodule=datamodule, verbose=False)
+    _, test = fit_and_test_in_process(cfg, tmp_path)
     # The synthetic digits are bright patches whose position is the class; 2% of test labels are noise.
     assert test["test/acc"] >= 0.9, test
