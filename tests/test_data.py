@@ -179,11 +179,33 @@ def test_prepare_data_without_files_or_network_names_folder_and_files(tmp_path, 
     assert not any(p.name.startswith(".download-") for p in data_dir.rglob("*"))
 
 
+class MirrorHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves a folder; the file named by ``cut_off`` is cut off half-way, as a dropped connection
+    cuts a transfer: the full Content-Length is announced, half the bytes sent, the connection closed."""
+
+    cut_off: str | None = None
+
+    def do_GET(self) -> None:
+        if self.cut_off is None or not self.path.endswith(self.cut_off):
+            return super().do_GET()
+        data = (Path(self.directory) / self.cut_off).read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[: len(data) // 2])
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, *args) -> None:
+        pass
+
+
 @pytest.fixture
 def mirror(tmp_path, monkeypatch, synthetic_data_dir):
     """The synthetic files served as an MNIST mirror over HTTP on 127.0.0.1, gzipped as the real
     mirrors serve them, with their MD5s patched into torchvision's resource list in this process:
-    the real download path runs offline. Yields the mirror's URL."""
+    the real download path runs offline. Yields the mirror's URL and its handler class (whose
+    ``cut_off`` cuts a file's transfer off)."""
     mirror_dir = tmp_path / "mirror"
     mirror_dir.mkdir()
     resources = []
@@ -191,13 +213,12 @@ def mirror(tmp_path, monkeypatch, synthetic_data_dir):
         archive = mirror_dir / f"{name}.gz"
         archive.write_bytes(gzip.compress((synthetic_data_dir / "MNIST" / "raw" / name).read_bytes()))
         resources.append((archive.name, hashlib.md5(archive.read_bytes()).hexdigest()))
-    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(mirror_dir))
-    handler.log_message = lambda *args: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    handler = type("Handler", (MirrorHandler,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(mirror_dir)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setattr(MNIST, "resources", resources)
     try:
-        yield f"http://127.0.0.1:{server.server_port}/"
+        yield f"http://127.0.0.1:{server.server_port}/", handler
     finally:
         server.shutdown()
 
@@ -211,12 +232,28 @@ def assert_synthetic_files_in_place(data_dir: Path, synthetic_data_dir: Path) ->
 
 
 def test_prepare_data_moves_a_complete_download_into_place(tmp_path, monkeypatch, mirror, synthetic_data_dir):
-    monkeypatch.setattr(MNIST, "mirrors", [mirror])
+    monkeypatch.setattr(MNIST, "mirrors", [mirror[0]])
     data_dir = tmp_path / "data"
     MNISTDataModule(str(data_dir)).prepare_data()
     assert_synthetic_files_in_place(data_dir, synthetic_data_dir)
     raw = data_dir / "MNIST" / "raw"
     assert np.frombuffer((raw / "t10k-labels-idx1-ubyte").read_bytes()[8:], np.uint8).size == 300
+
+
+def test_a_download_cut_off_half_way_leaves_no_file_and_the_next_one_completes(
+    tmp_path, monkeypatch, mirror, synthetic_data_dir
+):
+    url, handler = mirror
+    monkeypatch.setattr(MNIST, "mirrors", [url])
+    handler.cut_off = "train-images-idx3-ubyte.gz"  # the first and largest file
+    data_dir = tmp_path / "data"
+    # torchvision keeps the bytes that came, and its MD5 check of the archive refuses them.
+    with pytest.raises(DataNotAvailableError, match="could not be downloaded: File not found or corrupted"):
+        MNISTDataModule(str(data_dir)).prepare_data()
+    assert [p for p in data_dir.rglob("*") if p.is_file()] == [], "no partial file may be taken for a good one later"
+    handler.cut_off = None  # the network is back
+    MNISTDataModule(str(data_dir)).prepare_data()
+    assert_synthetic_files_in_place(data_dir, synthetic_data_dir)
 
 
 def test_download_command_fetches_from_the_given_mirror(tmp_path, mirror, synthetic_data_dir):
@@ -230,7 +267,7 @@ def test_download_command_fetches_from_the_given_mirror(tmp_path, mirror, synthe
         "from mnist_ddp.download import main; main(sys.argv[1:])"
     )
     result = subprocess.run(
-        [sys.executable, "-c", wrapper, "--data-dir", str(data_dir), "--mirror", mirror.rstrip("/")],
+        [sys.executable, "-c", wrapper, "--data-dir", str(data_dir), "--mirror", mirror[0].rstrip("/")],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -16,6 +16,7 @@ labels in ``0..9`` per split) works by configuration alone: folder, file names, 
 normalization statistics are arguments (``conf/data/*.yaml``).
 """
 
+import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -68,12 +69,18 @@ def ensure_idx_files(raw_dir: Path, files: Sequence[str], download: str | None =
         ``raw_dir``.
 
     Raises:
-        DataNotAvailableError: if files are missing and cannot be downloaded (no network, the
-            folder is not writable, or ``download`` is None). The message names the folder and
-            the files.
+        DataNotAvailableError: if the folder cannot be read, or files are missing and cannot be
+            downloaded (no network, the folder is not writable, or ``download`` is None). The
+            message names the folder and the files.
     """
     raw = Path(raw_dir)
-    missing = [name for name in files if not (raw / name).is_file()]
+    try:
+        missing = [name for name in files if not (raw / name).is_file()]
+    except PermissionError as err:
+        raise DataNotAvailableError(
+            f"{raw} cannot be read: permission denied. Make it readable for this user "
+            "(chmod a+rx on the folders, a+r on the files), or point data.data_dir at a readable copy."
+        ) from err
     if not missing:
         return raw
     if download is None:
@@ -91,7 +98,9 @@ def ensure_idx_files(raw_dir: Path, files: Sequence[str], download: str | None =
             raw.mkdir(exist_ok=True)
             for name in files:
                 os.replace(fetched / name, raw / name)
-    except (OSError, RuntimeError) as err:
+    # Whatever the download raised: URLError (no network), http.client.IncompleteRead (a transfer cut
+    # off), RuntimeError (an archive whose MD5 does not match), OSError (a folder not writable).
+    except Exception as err:
         raise DataNotAvailableError(
             f"{dataset_class.__name__} is missing from {raw} ({', '.join(missing)} not found) and could not be "
             f"downloaded: {str(err).strip().splitlines()[-1]}\n"
@@ -126,39 +135,111 @@ class GatherDataset(TensorDataset):
         return tuple(tensor[index] for tensor in self.tensors)
 
 
-def read_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> tuple[Tensor, Tensor]:
-    """Read one split's images and labels from their IDX files, with torchvision's IDX reader.
+IMAGES_KIND, LABELS_KIND = "uint8 images (N, 28, 28)", "uint8 labels (N,)"
+
+
+def check_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> Tensor:
+    """Check one split's two IDX files without reading the images: their headers and sizes, the
+    image size, the sample counts, and the labels (small: one byte per sample).
 
     Returns:
-        images ``(N, 28, 28)`` uint8 and labels ``(N,)`` int64 in ``0..num_classes - 1``.
+        The labels, ``(N,)`` int64 in ``0..num_classes - 1``.
 
     Raises:
+        DataNotAvailableError: when a file cannot be read (see :func:`check_idx_file`).
         DataFormatError: naming the file, when a file is not an IDX file of the expected kind
-            (images: 3 dimensions, uint8; labels: 1 dimension, uint8), the images are not 28x28,
-            the two files hold different numbers of samples, or a label is outside the classes.
+            (images: 3 dimensions, uint8; labels: 1 dimension, uint8) or is truncated (see
+            :func:`check_idx_file`), the images are not 28x28, the two files hold different
+            numbers of samples, or a label is outside the classes.
     """
-    images = _read_idx(read_image_file, images_file, "uint8 images (N, 28, 28)")
-    labels = _read_idx(read_label_file, labels_file, "uint8 labels (N,)")
-    if tuple(images.shape[1:]) != IMAGE_SIZE:
+    count, *size = check_idx_file(images_file, 3, IMAGES_KIND)
+    if tuple(size) != IMAGE_SIZE:
         raise DataFormatError(
-            f"{images_file} holds {images.shape[1]}x{images.shape[2]} images; this template's networks take "
+            f"{images_file} holds {size[0]}x{size[1]} images; this template's networks take "
             f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]} (resize the data set, or change the networks in mnist_ddp/model.py)."
         )
-    if len(images) != len(labels):
-        raise DataFormatError(f"{images_file} holds {len(images)} images but {labels_file} {len(labels)} labels.")
+    labels = _read_idx(read_label_file, labels_file, 1, LABELS_KIND)
+    if count != len(labels):
+        raise DataFormatError(f"{images_file} holds {count} images but {labels_file} {len(labels)} labels.")
     if len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < num_classes:
         raise DataFormatError(
             f"{labels_file} has labels {int(labels.min())}..{int(labels.max())}; data.class_names names "
             f"{num_classes} classes (labels 0..{num_classes - 1})."
         )
-    return images, labels
+    return labels
 
 
-def _read_idx(reader: Callable[[str], Tensor], path: Path, kind: str) -> Tensor:
+def read_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> tuple[Tensor, Tensor]:
+    """Read one split's images and labels from their IDX files, with torchvision's IDX reader,
+    after :func:`check_idx_split` (whose errors it raises).
+
+    Returns:
+        images ``(N, 28, 28)`` uint8 and labels ``(N,)`` int64 in ``0..num_classes - 1``.
+    """
+    labels = check_idx_split(images_file, labels_file, num_classes)
+    return _read_idx(read_image_file, images_file, 3, IMAGES_KIND), labels
+
+
+def check_idx_file(path: Path, ndim: int, kind: str) -> tuple[int, ...]:
+    """Check an IDX file's header against the file's size, before anything reads its data.
+
+    The IDX format (http://yann.lecun.com/exdb/mnist/, "the IDX file format"): two zero bytes, a
+    type byte (0x08: uint8), the number of dimensions, one big-endian uint32 size per dimension,
+    then the values. torchvision's reader checks the header with ``assert`` and a truncated file
+    only fails in its final reshape, so these checks come first and say what is wrong.
+
+    Args:
+        path: the file.
+        ndim: the dimensions it must have (3: images ``(N, 28, 28)``, 1: labels ``(N,)``).
+        kind: what it holds, for the messages (``"uint8 images (N, 28, 28)"``).
+
+    Returns:
+        The shape its header announces.
+
+    Raises:
+        DataNotAvailableError: when the file cannot be read (permissions).
+        DataFormatError: for another magic number (another type, another number of dimensions, a
+            gzip archive), a file shorter than its header announces (truncated) or longer (not one
+            IDX file).
+    """
+    expected_magic = bytes([0, 0, 0x08, ndim])
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as file:
+            header = file.read(4 + 4 * ndim)
+    except PermissionError as err:
+        raise DataNotAvailableError(
+            f"{path} cannot be read: permission denied. Make it readable for this user (chmod a+r), "
+            "or point data.data_dir at a readable copy."
+        ) from err
+    if header[:2] == b"\x1f\x8b":
+        raise DataFormatError(f"{path} is gzip-compressed: decompress it (gunzip) into {path.name}.")
+    if len(header) < 4 or header[:4] != expected_magic:
+        raise DataFormatError(
+            f"{path} is not an IDX file of {kind}: it starts with 0x{header[:4].hex()} instead of the magic "
+            f"number 0x{expected_magic.hex()} (uint8, {ndim} dimension{'s' * (ndim > 1)})."
+        )
+    if len(header) < 4 + 4 * ndim:
+        raise DataFormatError(f"{path} is truncated: {size} bytes, less than its own header.")
+    shape = tuple(int.from_bytes(header[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    announced = 4 + 4 * ndim + math.prod(shape)
+    if size != announced:
+        what = f"{' x '.join(map(str, shape))} values ({announced:,} bytes with the header)"
+        if size < announced:
+            raise DataFormatError(
+                f"{path} is truncated: its header announces {what}, the file has {size:,} bytes. "
+                "Copy or download it again (with data.download set, delete it and the next run downloads it)."
+            )
+        raise DataFormatError(f"{path} has {size - announced:,} bytes more than the {what} its header announces.")
+    return shape
+
+
+def _read_idx(reader: Callable[[str], Tensor], path: Path, ndim: int, kind: str) -> Tensor:
+    check_idx_file(path, ndim, kind)
     try:
         return reader(str(path))
-    # torchvision's reader checks the header with assert, dtype and dimensions with TypeError /
-    # ValueError, and fails on a truncated file in the final reshape (RuntimeError).
+    # What the header check cannot see: torchvision's reader checks the header with assert and
+    # the dtype and dimensions with TypeError / ValueError.
     except (AssertionError, KeyError, RuntimeError, TypeError, ValueError) as err:
         raise DataFormatError(f"{path} is not an IDX file of {kind}: {err or type(err).__name__}") from err
 
@@ -209,7 +290,7 @@ class MNISTDataModule(L.LightningDataModule):
             ``on_device`` is combined with ``num_workers`` > 0 (worker processes cannot serve
             tensors that live on a GPU).
         DataNotAvailableError: from :meth:`prepare_data`, see :func:`ensure_idx_files`.
-        DataFormatError: from :meth:`setup`, see :func:`read_idx_split`.
+        DataFormatError: from :meth:`prepare_data` and :meth:`setup`, see :func:`check_idx_split`.
         BatchSizeError: from the dataloaders, for a global batch that does not split evenly
             over the processes (see :func:`mnist_ddp.distributed.per_device_batch_size`).
     """
@@ -253,15 +334,21 @@ class MNISTDataModule(L.LightningDataModule):
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
 
-    def _load(self, split: str) -> GatherDataset:
+    def _split_files(self, split: str) -> tuple[Path, Path]:
+        """The images and labels files of ``split`` (``"train"`` or ``"test"``)."""
         files = self.hparams.files
-        images, labels = read_idx_split(
-            self.raw_dir / files[f"{split}_images"], self.raw_dir / files[f"{split}_labels"], len(self.class_names)
-        )
+        return self.raw_dir / files[f"{split}_images"], self.raw_dir / files[f"{split}_labels"]
+
+    def _load(self, split: str) -> GatherDataset:
+        images, labels = read_idx_split(*self._split_files(split), len(self.class_names))
         return GatherDataset(normalize(images, self.hparams.mean, self.hparams.std), labels)
 
     def prepare_data(self) -> None:
         ensure_idx_files(self.raw_dir, list(self.hparams.files.values()), self.hparams.download)
+        # Before any DDP process launches (the entry points call this first): a corrupt or
+        # mismatched file is refused here, not in every process's setup.
+        for split in ("train", "test"):
+            check_idx_split(*self._split_files(split), len(self.class_names))
 
     def setup(self, stage: str) -> None:
         if self.hparams.on_device and self.hparams.num_workers > 0:
