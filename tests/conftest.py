@@ -175,6 +175,27 @@ def fit_and_test_in_process(cfg, root_dir: Path, max_epochs: int = 3) -> tuple:
     return datamodule, test
 
 
+# torchrun shares its rendezvous TCPStore with the workers by default, and since the store keeps
+# the previous attempt's keys, restarted workers meet stale peer addresses (pytorch/pytorch#135712).
+# Opting out of the sharing is torch's documented workaround; the README says so too.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def torchrun(*torchrun_args: str, overrides: tuple[str, ...], log_dir, timeout: float = 600):
+    """Run training under real torchrun (``python -m torch.distributed.run <torchrun_args>``), as
+    :func:`run_cli` runs it alone; wait for it, and capture its output."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *torchrun_args,
+        *cli_command(*overrides, log_dir=log_dir)[1:],
+    ]
+    return subprocess.run(
+        command, cwd=REPO, env=cli_env(**TORCHRUN_ENV), capture_output=True, text=True, timeout=timeout
+    )
+
+
 def read_scalars(event_dir: Path, steps: bool = False) -> dict[str, list]:
     """Every scalar tag in the TensorBoard event files of ``event_dir``, read with TensorBoard's own
     reader: its values, or ``(step, value)`` pairs with ``steps=True``."""

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import torch
-from conftest import REPO, cli_command, cli_env, read_scalars
+from conftest import REPO, cli_env, read_scalars, torchrun
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins.environments import SLURMEnvironment
@@ -24,23 +24,6 @@ from mnist_ddp.trainer import build_trainer
 # 1,000 training images, 500 per rank in micro-batches of 32: 16 optimizer steps per epoch.
 SMALL = ("trainer.accelerator=cpu", "data.val_size=200", "data.global_batch_size=64")
 STEPS_PER_EPOCH = 16
-# torchrun shares its rendezvous TCPStore with the workers by default, and since the store keeps
-# the previous attempt's keys, restarted workers meet stale peer addresses (pytorch/pytorch#135712).
-# Opting out of the sharing is torch's documented workaround; the README says so too.
-TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-
-
-def torchrun(*torchrun_args: str, overrides: tuple[str, ...], log_dir, timeout: float = 600):
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *torchrun_args,
-        *cli_command(*overrides, log_dir=log_dir)[1:],
-    ]
-    return subprocess.run(
-        command, cwd=REPO, env=cli_env(**TORCHRUN_ENV), capture_output=True, text=True, timeout=timeout
-    )
 
 
 def test_elastic_restart_resumes_from_the_latest_checkpoint_and_finishes(synthetic_data_dir, tmp_path):

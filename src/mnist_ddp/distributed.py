@@ -10,6 +10,7 @@ module derives the per-device batch size and refuses a global batch that does no
 """
 
 import math
+import os
 from enum import Enum
 from typing import Any
 
@@ -20,6 +21,38 @@ from mnist_ddp.errors import BatchSizeError, ConfigValueError
 #: Processes started on a machine without CUDA when ``trainer.devices=auto``, so that the default
 #: command runs real DDP (two gloo processes) on any machine.
 CPU_PROCESSES_WHEN_AUTO = 2
+
+
+def check_gpu_devices(accelerator: str, devices: Any, available: int) -> None:
+    """Refuse more GPUs than this machine shows (``torch.cuda.device_count()``, which honours
+    ``CUDA_VISIBLE_DEVICES``), before any process launches.
+
+    Args:
+        accelerator: ``trainer.accelerator`` of a GPU run (``gpu``, ``cuda``, or ``auto`` with CUDA).
+        devices: ``trainer.devices`` on a GPU run: a count, a list of device indices, or
+            ``"auto"`` / ``-1`` (every GPU).
+        available: the GPUs visible to this process.
+
+    Raises:
+        ConfigValueError: without any visible GPU, for a count above ``available``, or for an
+            index not below it.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen = f"{available} visible" + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "")
+    if available == 0:
+        raise ConfigValueError(
+            f"trainer.accelerator={accelerator} needs GPUs, but this machine has none: {seen}. "
+            "Use trainer.accelerator=cpu, or auto (GPUs when there are any)."
+        )
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > available:
+        raise ConfigValueError(
+            f"trainer.devices={devices} asks for more GPUs than this machine has: {seen}. "
+            f"Use trainer.devices={available} (or auto), or more nodes with trainer.num_nodes."
+        )
+    if isinstance(devices, list | tuple) and any(index >= available for index in devices):
+        raise ConfigValueError(
+            f"trainer.devices={list(devices)} names GPUs that do not exist: {seen}, indices 0..{available - 1}."
+        )
 
 
 def resolve_devices(accelerator: str, devices: Any) -> tuple[str, Any]:
@@ -101,18 +134,33 @@ def scale_learning_rate(lr: float, global_batch_size: int, reference_batch_size:
         raise ConfigValueError(f"lr_scaling.rule={rule} is not one of: none, linear, sqrt.") from None
 
 
-def check_device_options(device_type: str, process_group_backend: str | None, sync_batchnorm: bool) -> None:
+#: ``trainer.precision`` values that need CUDA: fp16 automatic mixed precision (its GradScaler).
+#: Lightning replaces them with bf16-mixed on CPU with a warning; here they are refused instead,
+#: so that a run never trains in another precision than its config says.
+CUDA_ONLY_PRECISIONS = ("16-mixed", "16")
+
+
+def check_device_options(
+    device_type: str, process_group_backend: str | None, sync_batchnorm: bool, precision: str = "32-true"
+) -> None:
     """Refuse, before any process launches, options that cannot work on this kind of device.
 
     Args:
         device_type: ``"cuda"`` or ``"cpu"``, the type of the Trainer's root device.
         process_group_backend: ``strategy.process_group_backend`` (None: Lightning's choice).
         sync_batchnorm: ``trainer.sync_batchnorm``.
+        precision: ``trainer.precision`` (default ``"32-true"``).
 
     Raises:
-        ConfigValueError: NCCL without CUDA devices, or SyncBatchNorm without CUDA devices
-            (torch's SyncBatchNorm refuses CPU tensors in training).
+        ConfigValueError: NCCL without CUDA devices, SyncBatchNorm without CUDA devices (torch's
+            SyncBatchNorm refuses CPU tensors in training), or a :data:`CUDA_ONLY_PRECISIONS`
+            precision without CUDA devices.
     """
+    if str(precision) in CUDA_ONLY_PRECISIONS and device_type != "cuda":
+        raise ConfigValueError(
+            f"trainer.precision={precision} (fp16 mixed precision) needs CUDA devices, and this run is on "
+            f"{device_type}. Use trainer.precision=bf16-mixed (mixed precision on CPU) or 32-true."
+        )
     if process_group_backend == "nccl" and device_type != "cuda":
         raise ConfigValueError(
             f"strategy.process_group_backend=nccl needs CUDA devices, but this run is on {device_type}. "

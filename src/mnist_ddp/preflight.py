@@ -9,15 +9,19 @@ expands into several):
    options;
 2. the objects that are cheap to build are built, so that their own checks run: DataModule,
    model, strategy;
-3. the data-parallel layout is checked: device count, global batch vs processes, devices that
-   cannot run the chosen backend or SyncBatchNorm.
+3. the data-parallel layout is checked: device count (GPUs this machine has), the launcher's
+   process count (torchrun, SLURM), global batch vs processes, options the devices cannot run
+   (backend, SyncBatchNorm, precision);
+4. the log folder is checked to be writable.
 """
 
 import itertools
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -25,11 +29,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException, InstantiationException, MissingConfigException
 from hydra.utils import instantiate
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from mnist_ddp.config import CONFIG_DIR, register_configs
-from mnist_ddp.distributed import check_device_options, per_device_batch_size, resolve_devices
+from mnist_ddp.distributed import check_device_options, check_gpu_devices, per_device_batch_size, resolve_devices
 from mnist_ddp.errors import ConfigValueError, UsageError
 from mnist_ddp.job import ddp_child_argv, is_ddp_child, launcher_rank
 
@@ -133,12 +138,75 @@ def check_job(cfg: DictConfig) -> None:
                 raise error.__cause__ from None
             raise UsageError(f"{group}: {error.__cause__ or error}") from None
     accelerator, devices = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
+    devices = OmegaConf.to_container(devices) if OmegaConf.is_list(devices) else devices
     cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
     if cfg.trainer.num_nodes < 1:
         raise ConfigValueError(f"trainer.num_nodes={cfg.trainer.num_nodes} must be at least 1.")
-    world_size = cfg.trainer.num_nodes * device_count(devices, cuda)
+    if cuda:
+        check_gpu_devices(accelerator, devices, torch.cuda.device_count())
+    devices_per_node = device_count(devices, cuda)
+    check_launch_environment(cfg.trainer.num_nodes, devices_per_node)
+    world_size = cfg.trainer.num_nodes * devices_per_node
     per_device_batch_size(cfg.data.global_batch_size, world_size, cfg.trainer.accumulate_grad_batches)
-    check_device_options("cuda" if cuda else "cpu", cfg.strategy.process_group_backend, cfg.trainer.sync_batchnorm)
+    check_device_options(
+        "cuda" if cuda else "cpu", cfg.strategy.process_group_backend, cfg.trainer.sync_batchnorm, cfg.trainer.precision
+    )
+    check_writable("paths.log_dir", Path(cfg.paths.log_dir))
+
+
+def check_launch_environment(num_nodes: int, devices_per_node: int) -> None:
+    """Under torchrun or SLURM the launcher has already decided how many processes there are:
+    ``trainer.num_nodes`` and ``trainer.devices`` must say the same, checked in every process
+    before the process group forms.
+
+    Lightning's own check (its cluster environment's ``validate_settings``, which Lightning runs
+    only later, in the Trainer), chosen in Lightning's order; plus, under torchrun, the processes
+    per node, which that check leaves out (2 nodes x 2 processes passes it as 1 x 4).
+
+    Raises:
+        ConfigValueError: the launcher's figures and the settings that must match them.
+    """
+    for environment in (TorchElasticEnvironment, SLURMEnvironment):
+        if not environment.detect():
+            continue
+        launcher = {TorchElasticEnvironment: "torchrun --nnodes / --nproc-per-node",
+                    SLURMEnvironment: "sbatch --nodes / --ntasks-per-node"}[environment]  # fmt: skip
+        hint = f"Set trainer.num_nodes and trainer.devices to the launcher's nodes and processes per node ({launcher})."
+        try:
+            environment().validate_settings(devices_per_node, num_nodes)
+        except ValueError as error:
+            raise ConfigValueError(f"{str(error).replace('`', '')} {hint}") from None
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        if environment is TorchElasticEnvironment and local is not None and int(local) != devices_per_node:
+            raise ConfigValueError(
+                f"trainer.devices={devices_per_node} processes per node, but torchrun started {local} per node "
+                f"(LOCAL_WORLD_SIZE). {hint}"
+            )
+        return
+
+
+def check_writable(key: str, folder: Path) -> None:
+    """Refuse an output folder this process cannot create or write into, before anything is written.
+
+    Nothing is created: the check writes a temporary file into ``folder``, or into its nearest
+    existing parent when it does not exist yet, and removes it.
+
+    Raises:
+        ConfigValueError: naming ``key``, the folder and the reason.
+    """
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is a file")
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise ConfigValueError(
+            f"{key}={folder} cannot be written ({existing}: {reason}). Point {key} at a folder you can write, "
+            f"e.g. {key}=$HOME/logs."
+        ) from None
 
 
 def device_count(devices: object, cuda: bool) -> int:

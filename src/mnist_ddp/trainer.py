@@ -22,7 +22,8 @@ def build_trainer(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -
         ``per_device_batch_size``, ``accumulate_grad_batches``.
 
     Raises:
-        ConfigValueError: for options that cannot work on this device (NCCL or SyncBatchNorm on CPU).
+        ConfigValueError: for options that cannot work on this device (NCCL, SyncBatchNorm or fp16
+            mixed precision on CPU).
         BatchSizeError: for a global batch that does not split evenly over the processes.
     """
     accelerator, devices = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
@@ -35,7 +36,10 @@ def build_trainer(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -
         callbacks=[*(instantiate(callback) for callback in cfg.get("callbacks", {}).values()), *extra_callbacks],
     )
     check_device_options(
-        trainer.strategy.root_device.type, cfg.strategy.process_group_backend, cfg.trainer.sync_batchnorm
+        trainer.strategy.root_device.type,
+        cfg.strategy.process_group_backend,
+        cfg.trainer.sync_batchnorm,
+        cfg.trainer.precision,
     )
     return trainer, data_parallel_layout(trainer, cfg.data.global_batch_size)
 
