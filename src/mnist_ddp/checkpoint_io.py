@@ -1,12 +1,93 @@
-"""Checkpoint files that a kill during saving can never leave half-written."""
+"""Checkpoint files that a kill during saving can never leave half-written, and checkpoints
+checked before a run loads them."""
 
 import os
+import pickle
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from torch import nn
+
+from mnist_ddp.errors import CheckpointError
+
+#: How many names of each kind of mismatch a message lists.
+LISTED_KEYS = 6
+
+
+def check_checkpoint(path: str | Path, model: nn.Module, key: str = "ckpt_path") -> None:
+    """Open a checkpoint as the run will, and check that it fits ``model``: before any process
+    launches, so that a bad ``ckpt_path`` is one line instead of an error in every process.
+
+    It is loaded with ``torch.load(weights_only=True)``, as the entry points have Lightning load
+    it: tensors and plain values only, so a checkpoint from an untrusted source cannot run code
+    while it is read (https://pytorch.org/docs/stable/notes/serialization.html#weights-only).
+
+    Args:
+        path: the checkpoint file.
+        model: the LightningModule the run builds; its ``state_dict()`` keys and shapes must be
+            the checkpoint's.
+        key: the config key named in the messages (default ``ckpt_path``).
+
+    Raises:
+        CheckpointError: when the file does not exist; cannot be read as a checkpoint (truncated,
+            corrupt, another kind of file); holds objects other than tensors and plain values
+            (pickled code, which weights-only loading refuses); or holds another model's weights:
+            the message lists the missing and unexpected keys and the other shapes.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{key}={path}: no such file. Pass a .ckpt file from a run's checkpoints/ folder.")
+    corrupt = (
+        f"{key}={path} cannot be read as a checkpoint (truncated or corrupt: {{}}). "
+        "Use another one, such as the run's last.ckpt or the best epoch_<N>.ckpt."
+    )
+    # torch.save writes a zip archive, whose directory is at its end: a file cut short has none.
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(corrupt.format("not a zip archive, as torch.save writes"))
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        refused = next((line.strip() for line in str(error).splitlines() if "GLOBAL" in line), "")
+        if refused:
+            raise CheckpointError(
+                f"{key}={path} holds Python objects other than tensors and plain values ({refused}), which "
+                "loading with weights_only refuses: a checkpoint from an untrusted source must not run code. "
+                "Use a checkpoint this template wrote."
+            ) from None
+        raise CheckpointError(corrupt.format(_first_line(error))) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as error:
+        raise CheckpointError(corrupt.format(_first_line(error))) from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{key}={path} is not a Lightning checkpoint (it has no state_dict).")
+    saved = {name: tuple(tensor.shape) for name, tensor in checkpoint["state_dict"].items()}
+    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    problems = {
+        "missing keys": sorted(expected.keys() - saved.keys()),
+        "unexpected keys": sorted(saved.keys() - expected.keys()),
+        "other shapes": [
+            f"{name} {saved[name]} in the checkpoint, {expected[name]} in the model"
+            for name in sorted(saved.keys() & expected.keys())
+            if saved[name] != expected[name]
+        ],
+    }
+    listed = [
+        f"{kind} ({len(names)}): {', '.join(names[:LISTED_KEYS])}{', ...' if len(names) > LISTED_KEYS else ''}"
+        for kind, names in problems.items()
+        if names
+    ]
+    if listed:
+        raise CheckpointError(
+            f"{key}={path} was saved from another model configuration: {'; '.join(listed)}. Use the model "
+            "settings of the run that saved it (model=..., model.net.* in its .hydra/overrides.yaml)."
+        )
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip() or type(error).__name__).splitlines()[0]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -29,6 +29,10 @@ class DataNotAvailableError(UsageError, FileNotFoundError):
     """Data files that are neither on disk nor downloadable."""
 
 
+class CheckpointError(UsageError, ValueError):
+    """A checkpoint path that is missing, unreadable, untrusted or made for another model."""
+
+
 class DataFormatError(UsageError, ValueError):
     """A data file that is not what the DataModule reads (format, shape, sample count, labels)."""
 

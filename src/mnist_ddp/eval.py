@@ -15,8 +15,9 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from mnist_ddp.checkpoint_io import check_checkpoint
 from mnist_ddp.config import CONFIG_DIR, register_configs
-from mnist_ddp.errors import ConfigValueError, exit_on_usage_error
+from mnist_ddp.errors import exit_on_usage_error
 from mnist_ddp.host_memory import keep_freed_host_memory
 from mnist_ddp.job import ddp_job
 from mnist_ddp.outputs import write_json
@@ -45,22 +46,23 @@ def main(cfg: DictConfig) -> float:
     """Test one checkpoint; returns its ``test/acc``.
 
     Raises:
-        ConfigValueError: if ``ckpt_path`` is not a file.
+        CheckpointError: if ``ckpt_path`` is missing, unreadable, untrusted, or another model's
+            (see :func:`mnist_ddp.checkpoint_io.check_checkpoint`).
     """
     info(f"Run directory: {cfg.paths.output_dir}")
     checkpoint = Path(cfg.ckpt_path).resolve()
-    if not checkpoint.is_file():
-        raise ConfigValueError(f"ckpt_path={cfg.ckpt_path}: no such file. Pass a .ckpt file from a run's checkpoints/.")
     keep_freed_host_memory()  # in every process: see host_memory.py
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     model: L.LightningModule = instantiate(model_config(cfg, checkpoint))
+    check_checkpoint(checkpoint, model)
     trainer, layout = build_trainer(cfg)
     prepare_data_before_launch(trainer, datamodule)
 
     with ddp_job():
-        (metrics,) = trainer.test(model, datamodule=datamodule, ckpt_path=str(checkpoint))
+        # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.
+        (metrics,) = trainer.test(model, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=True)
 
     if trainer.is_global_zero:
         write_json(Path(cfg.paths.output_dir) / "metrics.json", {**metrics, "checkpoint": str(checkpoint), **layout})

@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
+from mnist_ddp.checkpoint_io import check_checkpoint
 from mnist_ddp.config import CONFIG_DIR, register_configs
 from mnist_ddp.distributed import scale_learning_rate
 from mnist_ddp.errors import exit_on_usage_error
@@ -40,7 +41,7 @@ def main(cfg: DictConfig) -> float:
     """Train and evaluate one job; returns the best checkpoint's ``val/acc`` (what sweepers maximize).
 
     Raises:
-        UsageError: for a config value or data folder the user must fix (reported as one line).
+        UsageError: for a config value, data file or checkpoint the user must fix (reported as one line).
     """
     info(f"Run directory: {cfg.paths.output_dir}")
     keep_freed_host_memory()  # in every process: see host_memory.py (10-25% per step on CPU)
@@ -71,17 +72,20 @@ def main(cfg: DictConfig) -> float:
     )
     prepare_data_before_launch(trainer, datamodule)
 
+    if cfg.ckpt_path not in (None, "last"):  # "last": Lightning finds the run's latest itself
+        check_checkpoint(cfg.ckpt_path, model)
     ckpt_path = checkpoint_to_resume(cfg.ckpt_path, trainer)
     if restarts := launcher_restarts():
         resume = {None: "Lightning's SLURM requeue checkpoint", "last": "the run's latest checkpoint"}
         info(f"Restart {restarts} of this job by its launcher: fit resumes from {resume.get(ckpt_path, ckpt_path)}")
 
     with ddp_job():
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         # The best checkpoint by val/acc; without one (fast_dev_run saves none) the final weights.
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        (val,) = trainer.validate(model, datamodule=datamodule, ckpt_path=best or None)
-        (test,) = trainer.test(model, datamodule=datamodule, ckpt_path=best or None)
+        (val,) = trainer.validate(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
+        (test,) = trainer.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
 
     metrics = {**val, **test, "checkpoint": best or None, **layout}
     if trainer.is_global_zero:

@@ -1,0 +1,123 @@
+"""Bad checkpoints: a path that does not exist, a file cut short or corrupt, a file that would run
+code when unpickled, a checkpoint of another model. Each is one error naming ``ckpt_path``, before
+any DDP process launches; and nothing is loaded without ``weights_only``.
+
+The checkpoint here is a real one: the template's module trained for two steps by Lightning in
+this process and saved by ``trainer.save_checkpoint``.
+"""
+
+import os
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from conftest import ranks_in_log, run_cli
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from mnist_ddp.checkpoint_io import check_checkpoint
+from mnist_ddp.config import CONFIG_DIR, register_configs
+from mnist_ddp.errors import CheckpointError
+
+register_configs()
+
+
+def build_model(*overrides: str) -> L.LightningModule:
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return instantiate(compose(config_name="config", overrides=list(overrides)).model)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(synthetic_data_dir, tmp_path_factory) -> Path:
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"data.data_dir={synthetic_data_dir}", "data.val_size=200"])
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+                        num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
+    trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data))
+    path = tmp_path_factory.mktemp("checkpoint") / "last.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+def test_a_checkpoint_of_this_model_passes(checkpoint):
+    check_checkpoint(checkpoint, build_model())
+
+
+def test_a_missing_checkpoint_is_named(tmp_path):
+    with pytest.raises(CheckpointError, match=f"ckpt_path={tmp_path / 'gone.ckpt'}: no such file"):
+        check_checkpoint(tmp_path / "gone.ckpt", build_model())
+
+
+@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+def test_a_truncated_or_corrupt_checkpoint_is_refused(checkpoint, tmp_path, damage):
+    data = checkpoint.read_bytes()
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes(data[: len(data) // 2] if damage == "truncated" else os.urandom(len(data)))
+    with pytest.raises(CheckpointError, match=f"ckpt_path={broken} cannot be read as a checkpoint \\(truncated or"):
+        check_checkpoint(broken, build_model())
+
+
+class RunsCode:
+    """Unpickling this runs ``os.system``: what a checkpoint from an untrusted source can hold."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(checkpoint, tmp_path):
+    marker = tmp_path / "code-ran"
+    state = torch.load(checkpoint, weights_only=True)
+    malicious = tmp_path / "malicious.ckpt"
+    torch.save({**state, "payload": RunsCode(marker)}, malicious)
+    with pytest.raises(CheckpointError, match="holds Python objects other than tensors and plain values") as error:
+        check_checkpoint(malicious, build_model())
+    assert "system" in str(error.value), "the message names the refused object"
+    assert not marker.exists(), "loading ran the checkpoint's code"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model=mlp"], "missing keys (6): net.layers.1.bias, net.layers.1.weight, net.layers.4.bias, "
+         "net.layers.4.weight, net.layers.7.bias, net.layers.7.weight; unexpected keys (8): "
+         "net.classifier.1.bias, net.classifier.1.weight, net.classifier.4.bias, net.classifier.4.weight, "
+         "net.features.0.bias, net.features.0.weight, ..."),
+        (["model.net.hidden=64"], "other shapes (3): net.classifier.1.bias (128,) in the checkpoint, (64,) in the "
+         "model, net.classifier.1.weight (128, 1024) in the checkpoint, (64, 1024) in the model, "
+         "net.classifier.4.weight (10, 128) in the checkpoint, (10, 64) in the model."),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_of_another_model_lists_the_mismatched_keys(checkpoint, overrides, message):
+    with pytest.raises(CheckpointError) as error:
+        check_checkpoint(checkpoint, build_model(*overrides))
+    assert f"ckpt_path={checkpoint} was saved from another model configuration: " in str(error.value)
+    assert message in str(error.value)
+
+
+def test_resuming_from_another_models_checkpoint_stops_before_any_process_launches(
+    checkpoint, synthetic_data_dir, tmp_path
+):
+    result = run_cli(f"data.data_dir={synthetic_data_dir}", "trainer.accelerator=cpu", "trainer.devices=2",
+                     "data.global_batch_size=64", "model=mlp", f"ckpt_path={checkpoint}", log_dir=tmp_path)  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in output
+    assert f"CheckpointError: ckpt_path={checkpoint} was saved from another model configuration: missing keys" in output
+    (run,) = (tmp_path / "runs").iterdir()
+    assert ranks_in_log(run) == {0}, "a second process was launched"
+
+
+def test_evaluating_a_truncated_checkpoint_stops_before_any_process_launches(checkpoint, synthetic_data_dir, tmp_path):
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes(checkpoint.read_bytes()[:1000])
+    result = run_cli(f"data.data_dir={synthetic_data_dir}", "trainer.accelerator=cpu", "trainer.devices=2",
+                     f"ckpt_path={broken}", log_dir=tmp_path / "logs", module="mnist_ddp.eval")  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in output
+    assert f"CheckpointError: ckpt_path={broken} cannot be read as a checkpoint (truncated or corrupt" in output
+    (run,) = (tmp_path / "logs" / "evals").iterdir()
+    assert ranks_in_log(run, job="eval") == {0}, "a second process was launched"
