@@ -103,3 +103,17 @@ class RankRecorder(L.Callback):
         self.out_dir.mkdir(parents=True, exist_ok=True)
         ranks = {key: getattr(trainer, key) for key in ("global_rank", "local_rank", "node_rank", "world_size")}
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps({**ranks, "pid": os.getpid()}))
+
+
+class PauseAfterStep(L.Callback):
+    """From optimizer step ``step`` on, global rank 0 writes ``marker`` (once) and sleeps ``seconds``
+    before every step, so that a test can signal the run at a known point, well before it ends."""
+
+    def __init__(self, step: int, marker: str, seconds: float = 0.1) -> None:
+        self.step, self.marker, self.seconds = step, Path(marker), seconds
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == 0 and trainer.global_step >= self.step:
+            if not self.marker.exists():
+                self.marker.write_text(str(time.time()))
+            time.sleep(self.seconds)

@@ -19,6 +19,7 @@ from mnist_ddp.checkpoint_io import check_checkpoint
 from mnist_ddp.config import CONFIG_DIR, register_configs
 from mnist_ddp.errors import exit_on_usage_error
 from mnist_ddp.host_memory import keep_freed_host_memory
+from mnist_ddp.interrupts import stop_on_signals
 from mnist_ddp.job import ddp_job
 from mnist_ddp.outputs import write_json
 from mnist_ddp.preflight import run_entry_point
@@ -60,7 +61,7 @@ def main(cfg: DictConfig) -> float:
     trainer, layout = build_trainer(cfg)
     prepare_data_before_launch(trainer, datamodule)
 
-    with ddp_job():
+    with ddp_job(), stop_on_signals(trainer):
         # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.
         (metrics,) = trainer.test(model, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=True)
 

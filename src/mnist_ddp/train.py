@@ -22,6 +22,7 @@ from mnist_ddp.config import CONFIG_DIR, register_configs
 from mnist_ddp.distributed import scale_learning_rate
 from mnist_ddp.errors import exit_on_usage_error
 from mnist_ddp.host_memory import keep_freed_host_memory
+from mnist_ddp.interrupts import stop_on_signals
 from mnist_ddp.job import ddp_job, launcher_restarts
 from mnist_ddp.outputs import config_fingerprint, write_json
 from mnist_ddp.preflight import run_entry_point
@@ -79,7 +80,7 @@ def main(cfg: DictConfig) -> float:
         resume = {None: "Lightning's SLURM requeue checkpoint", "last": "the run's latest checkpoint"}
         info(f"Restart {restarts} of this job by its launcher: fit resumes from {resume.get(ckpt_path, ckpt_path)}")
 
-    with ddp_job():
+    with ddp_job(), stop_on_signals(trainer):
         # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         # The best checkpoint by val/acc; without one (fast_dev_run saves none) the final weights.

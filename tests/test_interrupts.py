@@ -1,0 +1,85 @@
+"""Ctrl-C and SIGTERM during a two-process run: every process stops within 10 s, the command exits
+128 + the signal number, the last complete checkpoint is intact and named in the log, and resuming
+from it continues the run to its end.
+
+Ctrl-C in a terminal signals the whole foreground process group; ``kill`` and most schedulers
+signal the process they started (the parent), SLURM's scancel every task. The signals are real,
+sent by this test to the real processes.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from conftest import REPO, cli_command, cli_env, run_cli
+from test_ddp_failures import processes_mentioning
+
+# 1,000 training images over 2 processes in micro-batches of 32: 16 optimizer steps per epoch.
+RUN = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=4", "data.val_size=200",
+       "data.global_batch_size=64")  # fmt: skip
+STEPS_PER_EPOCH, SIGNAL_STEP = 16, 20  # the signal comes in epoch 1; last.ckpt then holds epoch 0
+
+
+@pytest.mark.parametrize(
+    ("signum", "target"),
+    [(signal.SIGINT, "group"), (signal.SIGTERM, "parent"), (signal.SIGTERM, "group")],
+    ids=["ctrl-c", "kill", "scancel"],
+)
+def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
+    synthetic_data_dir, tmp_path, signum, target
+):
+    marker, log_dir = tmp_path / "ready", tmp_path / "logs"
+    command = cli_command(
+        f"data.data_dir={synthetic_data_dir}", *RUN, "+callbacks.pause._target_=probes.PauseAfterStep",
+        f"+callbacks.pause.step={SIGNAL_STEP}", f"+callbacks.pause.marker={marker}", log_dir=log_dir,
+    )  # fmt: skip
+    run = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.time() + 300
+        while not marker.exists() and run.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the run never reached the signal step"
+        assert len(processes_mentioning(str(log_dir))) == 2
+        sent = time.time()
+        os.killpg(run.pid, signum) if target == "group" else os.kill(run.pid, signum)
+        while processes_mentioning(str(log_dir)) and time.time() - sent < 30:
+            time.sleep(0.05)
+        seconds = time.time() - sent
+        output = run.communicate(timeout=30)[0]
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    print(f"{signum.name} to the {target}: every process gone {seconds:.1f} s later, exit status {run.returncode}")
+    assert seconds < 10 and processes_mentioning(str(log_dir)) == []
+    assert run.returncode == 128 + signum, output[-3000:]
+
+    (run_dir,) = (log_dir / "runs").iterdir()
+    stopped = re.search(rf"Stopped by {signum.name} in epoch 1 at global step (\d+)\. Last complete checkpoint: "
+                        r"(\S+)\. Resume with ckpt_path=(\S+) ", output)  # fmt: skip
+    assert stopped, output[-3000:]
+    assert SIGNAL_STEP <= int(stopped[1]) < 2 * STEPS_PER_EPOCH
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    assert stopped[2] == stopped[3] == str(checkpoint)
+    state = torch.load(checkpoint, weights_only=True)  # whole: it loads
+    assert (state["epoch"], state["global_step"]) == (0, STEPS_PER_EPOCH)
+
+    if signum == signal.SIGTERM and target == "parent":  # resumed once: the path is the same for each signal
+        record = tmp_path / "resumed.jsonl"
+        resumed = run_cli(
+            f"data.data_dir={synthetic_data_dir}", *RUN, f"ckpt_path={checkpoint}",
+            "+callbacks.probe._target_=probes.ElasticProbe", f"+callbacks.probe.record={record}",
+            "+callbacks.probe.kill_rank=-1", "+callbacks.probe.kill_step=-1", log_dir=tmp_path / "resumed",
+        )  # fmt: skip
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        start = json.loads(record.read_text())
+        assert (start["start_epoch"], start["start_step"]) == (1, STEPS_PER_EPOCH), "continues after epoch 0"
+        (resumed_dir,) = (tmp_path / "resumed" / "runs").iterdir()
+        final = torch.load(resumed_dir / "checkpoints" / "last.ckpt", weights_only=True)
+        assert (final["epoch"], final["global_step"]) == (3, 4 * STEPS_PER_EPOCH), "ends with the configured epochs"
+        assert (resumed_dir / "metrics.json").is_file()
