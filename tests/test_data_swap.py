@@ -1,18 +1,20 @@
-"""Swapping the data set is a config change only: any data set stored as MNIST is (four IDX files,
+"""Swapping the data set is a config change only: any data set in MNIST's file format (four IDX files,
 28x28 uint8 images, ten classes) trains through the same DataModule once its folder, file names,
 class names and normalization statistics are set on the command line or in ``conf/data/``.
 
 The data set here is synthetic (no other IDX data set exists on this machine): the synthetic
 MNIST-format digits of conftest, inverted to dark patches on a light background (so their
-statistics are far from MNIST's), under other file names, in a folder of their own.
+statistics are far from MNIST's), under other file names, in a folder of their own, configured by
+the README's own example, ``conf/data/letters.yaml``.
 """
 
+import re
 import shutil
 
 import numpy as np
 import pytest
 import torch
-from conftest import fit_and_test_in_process, write_idx
+from conftest import REPO, fit_and_test_in_process, write_idx
 from hydra import compose, initialize_config_dir
 from hydra.utils import get_class, instantiate
 from torchvision.datasets import FashionMNIST
@@ -20,7 +22,8 @@ from torchvision.datasets.mnist import read_image_file
 
 from mnist_ddp.config import CONFIG_DIR, register_configs
 from mnist_ddp.data import MNISTDataModule
-from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError
+from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError, UsageError
+from mnist_ddp.preflight import check_command_line
 
 register_configs()
 
@@ -67,11 +70,24 @@ def compose_config(*overrides: str):
         return compose(config_name="config", overrides=list(overrides))
 
 
-def test_an_idx_data_set_trains_by_configuration_alone(letters_dir, tmp_path):
+@pytest.fixture
+def readme_config(tmp_path) -> list[str]:
+    """The README's example ``conf/data/letters.yaml``, as printed there, in a config folder Hydra
+    also searches: returns the overrides that select it."""
+    readme = (REPO / "README.md").read_text()
+    (example,) = re.findall(r"```yaml\n(# conf/data/letters\.yaml.*?)```", readme, re.DOTALL)
+    (tmp_path / "conf" / "data").mkdir(parents=True)
+    (tmp_path / "conf" / "data" / "letters.yaml").write_text(example)
+    return ["data=letters", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]
+
+
+def test_an_idx_data_set_trains_by_configuration_alone(letters_dir, readme_config, tmp_path):
     pixels = idx_array(letters_dir / FILES["train_images"]) / 255.0
     mean, std = round(float(pixels.mean()), 4), round(float(pixels.std()), 4)
     assert mean > 0.7, "inverted digits: far from MNIST's mean 0.1307"
-    cfg = compose_config(*letters_overrides(letters_dir, mean, std))
+    cfg = compose_config(*readme_config, f"data.data_dir={letters_dir}", f"data.mean={mean}", f"data.std={std}",
+                         "data.val_size=200", "data.global_batch_size=32")  # fmt: skip
+    assert dict(cfg.data.files) == FILES and list(cfg.data.class_names) == CLASS_NAMES
     datamodule, test = fit_and_test_in_process(cfg, tmp_path)
 
     # Served as (pixel / 255 - mean) / std with the configured statistics: the test split exactly.
@@ -82,6 +98,12 @@ def test_an_idx_data_set_trains_by_configuration_alone(letters_dir, tmp_path):
     assert datamodule.class_names == CLASS_NAMES
     # Bright squares -> dark squares: still one position per class; 2% of the test labels are noise.
     assert test["test/acc"] >= 0.9, test
+
+
+def test_the_readme_example_as_printed_asks_for_its_statistics(readme_config):
+    # Its mean and std are ??? over idx.yaml's ???: a forgotten value cannot fall back to MNIST's.
+    with pytest.raises(UsageError, match=re.escape("Missing values (???) for data.mean, data.std: set them")):
+        check_command_line("config", readme_config)
 
 
 def test_files_missing_without_a_download_name_the_files_and_the_setting(letters_dir, tmp_path):

@@ -133,6 +133,9 @@ def rename(root: Path, name: str) -> list[Path]:
         os.replace(temporary, target)
     for path in sorted(moves):
         os.rename(root / path, root / path.parent / path.name.replace(OLD_PACKAGE, package))
+    # The old package's build metadata (ignored by git): with src/ on the import path of an editable
+    # install, it would still be listed as an installed distribution.
+    shutil.rmtree(root / "src" / f"{OLD_PACKAGE}.egg-info", ignore_errors=True)
     return changed
 
 

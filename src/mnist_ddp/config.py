@@ -26,7 +26,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 @dataclass
 class IDXFilesConfig:
-    """``data.files``: the four IDX file names of a data set stored as MNIST is."""
+    """``data.files``: the four IDX file names of a data set in MNIST's file format."""
 
     train_images: str = MISSING
     train_labels: str = MISSING

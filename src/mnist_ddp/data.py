@@ -11,7 +11,7 @@ across DDP processes.
 - Every batch is one index gather from those tensors (:class:`GatherDataset`): no
   per-sample ``__getitem__`` and no per-sample collate.
 
-Any data set stored as MNIST is (four IDX files: ``(N, 28, 28)`` uint8 images and ``(N,)`` uint8
+Any data set in MNIST's file format (four IDX files: ``(N, 28, 28)`` uint8 images and ``(N,)`` uint8
 labels in ``0..9`` per split) works by configuration alone: folder, file names, class names and
 normalization statistics are arguments (``conf/data/*.yaml``).
 """
@@ -250,7 +250,7 @@ def normalize(images: Tensor, mean: float, std: float) -> Tensor:
 
 
 class MNISTDataModule(L.LightningDataModule):
-    """MNIST, or any data set stored as MNIST is, held in memory, sharded explicitly across the
+    """MNIST, or any data set in MNIST's file format, held in memory, sharded explicitly across the
     DDP process group.
 
     Args:

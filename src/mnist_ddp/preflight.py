@@ -6,7 +6,7 @@ the key, what is wrong, and what is allowed. For each job of the command line (a
 expands into several):
 
 1. the config is composed: unknown keys, wrong types, values outside a choice, unknown group
-   options;
+   options, required values (``???``) left unset;
 2. the objects that are cheap to build are built, so that their own checks run: DataModule,
    model, strategy;
 3. the data-parallel layout is checked: device count (GPUs this machine has), the launcher's
@@ -30,7 +30,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException, InstantiationException, MissingConfigException
 from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from mnist_ddp.config import CONFIG_DIR, register_configs
@@ -113,7 +113,30 @@ def _compose(config_name: str, overrides: list[str], defaults: DictConfig) -> Di
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
+    missing = missing_values(cfg)
+    if missing:
+        raise UsageError(
+            f"Missing value{'s' * (len(missing) > 1)} (???) for {', '.join(missing)}: set "
+            f"{'them' if len(missing) > 1 else 'it'} in the config file or on the command line ({missing[0]}=...)."
+        )
     return cfg
+
+
+def missing_values(node: DictConfig | ListConfig, prefix: str = "") -> list[str]:
+    """The dotted keys under ``node`` whose value is ``???``.
+
+    ``OmegaConf.missing_keys`` would do, but it resolves every interpolation on its way, and
+    ``${hydra:runtime.output_dir}`` has no value before Hydra creates the run directory.
+    """
+    found = []
+    for key in range(len(node)) if isinstance(node, ListConfig) else node:
+        full_key = f"{prefix}{key}" if isinstance(key, str) else f"{prefix[:-1]}[{key}]"
+        child = node._get_node(key)
+        if OmegaConf.is_missing(node, key):
+            found.append(full_key)
+        elif isinstance(child, DictConfig | ListConfig) and not child._is_interpolation():
+            found.extend(missing_values(child, f"{full_key}."))
+    return found
 
 
 def _describe(error: Exception, defaults: DictConfig) -> str:
