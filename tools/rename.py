@@ -13,9 +13,11 @@ Renames, in every file of the tree that git tracks (or would track) and in the p
 Nothing else changes: class names (``MNISTDataModule``), configs and docs about MNIST stay, to be
 edited as your project moves away from MNIST (the README's "Make it yours" lists what is left).
 The new package name must not be a word of the code or configs yet (``ddp``, ``train``, ``data``
-are), so that a later rename replaces the project's name and nothing else. Every new file content is computed before the first write, and in a git
-checkout the tree must be clean: ``git diff`` then shows the whole rename and
-``git checkout . && git clean -fd`` undoes it. Standard library only: it runs before ``.venv`` exists.
+are), so that a later rename replaces the project's name and nothing else. Every new file
+content is computed before the first write, and in a git checkout the tree must be clean:
+``git diff`` then shows the whole rename and ``git checkout . && git clean -fd`` undoes it. The
+old package's build metadata (``src/mnist_ddp.egg-info``) is removed and, when ``.venv`` exists,
+the old distribution uninstalled from it. Standard library only: it runs before ``.venv`` exists.
 
 Exit status 0 on success, 1 with one line on stderr for a name or tree it refuses.
 """
@@ -36,8 +38,10 @@ OLD_DIST = "mnist-ddp"
 OLD_PACKAGE = "mnist_ddp"
 #: Top-level modules the project imports, tests or keeps beside its package: a package of the same
 #: name would shadow them.
-TAKEN = {"torch", "torchvision", "lightning", "pytorch_lightning", "torchmetrics", "hydra", "omegaconf",
-         "tensorboard", "matplotlib", "rich", "numpy", "pytest", "optuna", "benchmarks", "tests", "tools", "conf"}  # fmt: skip
+TAKEN = {
+    "torch", "torchvision", "lightning", "pytorch_lightning", "torchmetrics", "hydra", "omegaconf", "tensorboard",
+    "matplotlib", "rich", "numpy", "pytest", "optuna", "benchmarks", "tests", "tools", "conf",
+}  # fmt: skip
 #: Where the new name must not be a word yet: what a later rename must rewrite precisely.
 CODE_SUFFIXES = {".py", ".yaml", ".toml", ".sbatch"}
 #: Outside a git checkout: top-level folders that are not the project (git ignores them).
