@@ -16,12 +16,12 @@ import pytest
 import torch
 from conftest import REPO, fit_and_test_in_process, write_idx
 from hydra import compose, initialize_config_dir
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.mnist import read_image_file
 
 from mnist_ddp.config import CONFIG_DIR, register_configs
-from mnist_ddp.data import MNISTDataModule
+from mnist_ddp.data import MNISTDataModule, import_class
 from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError, UsageError
 from mnist_ddp.preflight import check_command_line
 
@@ -144,11 +144,17 @@ def test_class_names_must_name_the_networks_ten_classes(tmp_path):
         MNISTDataModule(str(tmp_path), class_names=list("ABCDEFGHI"))
 
 
+@pytest.mark.parametrize("download", ["torchvision.datasets.Nope", "nowhere.MNIST", "torchvision.datasets.mnist"])
+def test_a_download_that_names_no_class_is_refused(tmp_path, download):
+    with pytest.raises(ConfigValueError, match=f"data.download={download} is not an importable class"):
+        MNISTDataModule(str(tmp_path), download=download)
+
+
 def test_fashion_mnist_is_a_config_file_over_the_same_datamodule():
     cfg = compose_config("data=fashion_mnist")
     assert cfg.data._target_ == "mnist_ddp.data.MNISTDataModule"
     assert cfg.data.class_names == FashionMNIST.classes
-    assert get_class(cfg.data.download) is FashionMNIST
+    assert import_class(cfg.data.download) is FashionMNIST
     # torchvision downloads into <root>/FashionMNIST/raw, which is where the DataModule reads.
     assert cfg.data.subdir == f"{FashionMNIST.__name__}/raw"
     assert dict(cfg.data.files) == dict(compose_config().data.files)

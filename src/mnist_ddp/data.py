@@ -16,6 +16,7 @@ labels in ``0..9`` per split) works by configuration alone: folder, file names, 
 normalization statistics are arguments (``conf/data/*.yaml``).
 """
 
+import importlib
 import math
 import os
 import tempfile
@@ -24,7 +25,6 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from hydra.utils import get_class
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset, default_convert
@@ -50,6 +50,20 @@ MNIST_STD = 0.3081
 
 #: The image size every network of this template takes (``mnist_ddp.model``).
 IMAGE_SIZE = (28, 28)
+
+
+def import_class(path: str) -> type:
+    """``"torchvision.datasets.MNIST"`` -> the class. (Hydra's ``get_class`` would do, but it logs
+    an error of its own before raising.)
+
+    Raises:
+        ImportError, AttributeError, ValueError: for a path that names no class.
+    """
+    module, _, name = path.rpartition(".")
+    found = getattr(importlib.import_module(module), name)
+    if not isinstance(found, type):
+        raise ValueError(f"{path} is not a class")
+    return found
 
 
 def ensure_idx_files(raw_dir: Path, files: Sequence[str], download: str | None = "torchvision.datasets.MNIST") -> Path:
@@ -89,7 +103,7 @@ def ensure_idx_files(raw_dir: Path, files: Sequence[str], download: str | None =
             f"Put the files {', '.join(files)} into {raw}, "
             "or point data.data_dir (and data.subdir) at a folder that has them."
         )
-    dataset_class = get_class(download)
+    dataset_class = import_class(download)
     try:
         raw.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".download-", dir=raw.parent) as tmp:
@@ -103,7 +117,7 @@ def ensure_idx_files(raw_dir: Path, files: Sequence[str], download: str | None =
     except Exception as err:
         raise DataNotAvailableError(
             f"{dataset_class.__name__} is missing from {raw} ({', '.join(missing)} not found) and could not be "
-            f"downloaded: {str(err).strip().splitlines()[-1]}\n"
+            f"downloaded: {(str(err).strip() or type(err).__name__).splitlines()[-1]}\n"
             f"Put the uncompressed IDX files {', '.join(files)} into {raw}, "
             f"or point data.data_dir (and data.subdir) at a folder that has them, "
             f"or run once on a machine with internet access."
@@ -285,7 +299,8 @@ class MNISTDataModule(L.LightningDataModule):
             ``(pixel / 255 - mean) / std``.
 
     Raises:
-        ConfigValueError: from the constructor when ``files`` lacks a role or ``std`` is not
+        ConfigValueError: from the constructor when ``files`` lacks a role, ``class_names`` does
+            not name 10 classes, ``download`` is not an importable class, or ``std`` is not
             positive; from :meth:`setup` when ``val_size`` leaves no training images, or when
             ``on_device`` is combined with ``num_workers`` > 0 (worker processes cannot serve
             tensors that live on a GPU).
@@ -320,6 +335,14 @@ class MNISTDataModule(L.LightningDataModule):
                 f"data.class_names has {len(class_names)} names; the networks output {NUM_CLASSES} classes "
                 "(mnist_ddp.model.NUM_CLASSES). Name one class per label 0..9."
             )
+        if download is not None:
+            try:
+                import_class(download)
+            except (ImportError, AttributeError, ValueError) as err:
+                raise ConfigValueError(
+                    f"data.download={download} is not an importable class: name a torchvision data set class "
+                    "of the MNIST family (torchvision.datasets.MNIST, FashionMNIST, KMNIST), or null."
+                ) from err
         if not std > 0:
             raise ConfigValueError(f"data.std={std} must be positive (the training pixels' standard deviation).")
         # Plain types in the checkpoint (Hydra passes DictConfig / ListConfig), which then loads with
