@@ -2,10 +2,14 @@
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException
+from lightning.pytorch.callbacks import ProgressBar
+from omegaconf import open_dict
 from omegaconf.errors import ValidationError
 
 from mnist_ddp.config import CONFIG_DIR, register_configs
+from mnist_ddp.trainer import build_trainer
 
 register_configs()
 
@@ -62,3 +66,17 @@ def test_an_unknown_choice_is_refused_with_the_allowed_values(override, allowed)
     with pytest.raises(ConfigCompositionException) as error:
         compose_config(override)
     assert f"expected one of [{allowed}]" in str(error.value.__cause__)
+
+
+def test_enable_progress_bar_false_leaves_the_progress_bar_callback_out(tmp_path):
+    # Lightning refuses a RichProgressBar callback beside enable_progress_bar=False.
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["trainer.accelerator=cpu", "trainer.enable_progress_bar=false",
+                                           f"paths.log_dir={tmp_path}"], return_hydra_config=True)  # fmt: skip
+    cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    trainer, _ = build_trainer(cfg)
+    assert trainer.progress_bar_callback is None
+    assert not any(isinstance(callback, ProgressBar) for callback in trainer.callbacks)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import lightning as L
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig
 
 from mnist_ddp.distributed import check_device_options, per_device_batch_size, resolve_devices
@@ -13,7 +14,8 @@ from mnist_ddp.job import launcher_restarts
 
 def build_trainer(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> tuple[L.Trainer, dict[str, int]]:
     """Instantiate the Trainer with its strategy, logger and callbacks from ``cfg``, plus
-    ``extra_callbacks`` (those built from more than their own config node).
+    ``extra_callbacks`` (those built from more than their own config node). With
+    ``trainer.enable_progress_bar=false`` the progress bar callback is left out.
 
     Nothing is launched here: the DDP processes start in ``trainer.fit`` / ``trainer.test``.
 
@@ -27,13 +29,17 @@ def build_trainer(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -
         BatchSizeError: for a global batch that does not split evenly over the processes.
     """
     accelerator, devices = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
+    callbacks = [*(instantiate(callback) for callback in cfg.get("callbacks", {}).values()), *extra_callbacks]
+    if not cfg.trainer.enable_progress_bar:
+        # Lightning refuses a progress bar callback beside enable_progress_bar=False; the flag wins.
+        callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         accelerator=accelerator,
         devices=devices,
         strategy=instantiate(cfg.strategy),
         logger=instantiate(cfg.logger),
-        callbacks=[*(instantiate(callback) for callback in cfg.get("callbacks", {}).values()), *extra_callbacks],
+        callbacks=callbacks,
     )
     check_device_options(
         trainer.strategy.root_device.type,
