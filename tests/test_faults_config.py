@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import REPO, cli_command, cli_env, run_cli, torchrun
 
-from mnist_ddp.errors import ConfigValueError
+from mnist_ddp.errors import ConfigValueError, UsageError
 from mnist_ddp.preflight import check_command_line
 
 QUICK = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "data.global_batch_size=64")
@@ -112,9 +112,10 @@ def test_a_log_folder_below_a_file_is_refused(synthetic_data_dir, tmp_path):
     (tmp_path / "a_file").write_text("")
     log_dir = tmp_path / "a_file" / "logs"
     result = run_cli(f"data.data_dir={synthetic_data_dir}", *QUICK, log_dir=log_dir)
+    a_file = tmp_path / "a_file"
     assert_refused_before_anything(
-        result, log_dir, f"paths.log_dir={log_dir} cannot be written ({tmp_path / 'a_file'}: {tmp_path / 'a_file'} "
-        f"is a file). Point paths.log_dir at a folder you can write, e.g. paths.log_dir=$HOME/logs."
+        result, log_dir, f"paths.log_dir={log_dir} cannot be written (creating a file in {a_file}: {a_file} is a "
+        f"file). Point paths.log_dir at a folder you can write, e.g. paths.log_dir=$HOME/logs."
     )  # fmt: skip
 
 
@@ -133,8 +134,20 @@ def test_a_read_only_log_folder_is_refused(synthetic_data_dir):
             command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command]
         env = cli_env(HOME=str(home), MPLCONFIGDIR=str(home))
         result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-        assert_refused_before_anything(
-            result, top / "logs", f"paths.log_dir={top / 'logs'} cannot be written ({top / 'logs'}: Permission denied)"
-        )
+        logs = top / "logs"
+        message = f"paths.log_dir={logs} cannot be written (creating a file in {logs}: Permission denied)"
+        assert_refused_before_anything(result, logs, message)
     finally:
         shutil.rmtree(top)
+
+
+def test_a_preset_setting_an_argument_the_other_model_lacks_names_it_and_the_fix():
+    # experiment=fast sets model.net.batch_norm for the CNN; the MLP has no such argument.
+    with pytest.raises(UsageError) as error:
+        check_command_line("config", ["trainer.accelerator=cpu", "experiment=fast", "model=mlp"])
+    assert str(error.value) == (
+        "model: MLP.__init__() got an unexpected keyword argument 'batch_norm'. model.net.batch_norm is set (on "
+        "the command line or by a preset such as experiment=...), and mnist_ddp.model.MLP does not take it: drop "
+        "it with ~model.net.batch_norm"
+    )
+    check_command_line("config", ["trainer.accelerator=cpu", "experiment=fast", "model=mlp", "~model.net.batch_norm"])

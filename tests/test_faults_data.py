@@ -60,7 +60,8 @@ CASES = {
     "wrong magic number": (TRAIN_LABELS, replace_magic,
                            "is not an IDX file of uint8 labels (N,): it starts with 0x00000901 instead of the "
                            "magic number 0x00000801 (uint8, 1 dimension)."),
-    "still gzipped": (TEST_IMAGES, gzip_in_place, "is gzip-compressed: decompress it (gunzip) into"),
+    "still gzipped": (TEST_IMAGES, gzip_in_place, f"{TEST_IMAGES} is gzip-compressed: decompress it in place "
+                     f"(mv {TEST_IMAGES} {TEST_IMAGES}.gz && gunzip {TEST_IMAGES}.gz)."),
     "bytes after the data": (TEST_IMAGES, append_bytes, "has 10 bytes more than the 300 x 28 x 28 values"),
     "counts disagree": (TEST_LABELS, other_labels, "holds 300 images but"),
 }  # fmt: skip

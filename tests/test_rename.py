@@ -97,7 +97,7 @@ def test_no_trace_of_the_old_name_is_left(renamed):
     leftovers = [
         path for path in renamed.rglob("*")
         if ".git" not in path.parts and path.is_file() and path.suffix != ".png"
-        and ("mnist_ddp" in path.read_text() or "mnist-ddp" in path.read_text())
+        and any(old in path.read_text() for old in ("mnist_ddp", "mnist-ddp", "MNIST_DDP"))
     ]  # fmt: skip
     assert leftovers == []
     assert (renamed / "README.md").read_text().splitlines()[0] == f"# {NEW_DIST}"

@@ -8,7 +8,7 @@ Renames, in every file of the tree that git tracks (or would track) and in the p
   title, the SLURM job name;
 - the import package ``mnist_ddp`` -> ``<name>`` with ``_`` for ``-``: ``src/mnist_ddp/``, every
   import, the Hydra ``_target_`` paths in ``conf/``, the ``python -m mnist_ddp.train`` commands
-  in the docs.
+  in the docs; and its upper-case form in environment variable names (``MNIST_DDP_JOB``).
 
 Nothing else changes: class names (``MNISTDataModule``), configs and docs about MNIST stay, to be
 edited as your project moves away from MNIST (the README's "Make it yours" lists what is left).
@@ -97,6 +97,12 @@ def project_files(root: Path) -> list[Path]:
     return sorted(path for path in files if (root / path).is_file())
 
 
+def _replace_all(text: str, replacements: tuple[tuple[str, str], ...]) -> str:
+    for old, new in replacements:
+        text = text.replace(old, new)
+    return text
+
+
 def rename(root: Path, name: str) -> list[Path]:
     """Rename the project in ``root`` to ``name``; returns the files whose content changed.
 
@@ -119,7 +125,8 @@ def rename(root: Path, name: str) -> list[Path]:
             f"{package} is already a word in {', '.join(clashes[:3])}{' ...' if len(clashes) > 3 else ''}: "
             "choose a name that is not, so that a later rename replaces the project's name and nothing else."
         )
-    new_texts = {path: text.replace(OLD_PACKAGE, package).replace(OLD_DIST, dist) for path, text in texts.items()}
+    replacements = ((OLD_PACKAGE, package), (OLD_PACKAGE.upper(), package.upper()), (OLD_DIST, dist))
+    new_texts = {path: _replace_all(text, replacements) for path, text in texts.items()}
     changed = [path for path in files if path in texts and new_texts[path] != texts[path]]
 
     # Folders and files named after the package (src/mnist_ddp/): the outermost one of each path.

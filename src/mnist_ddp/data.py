@@ -19,6 +19,7 @@ normalization statistics are arguments (``conf/data/*.yaml``).
 import importlib
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -77,7 +78,7 @@ def ensure_idx_files(raw_dir: Path, files: Sequence[str], download: str | None =
             (and checks each archive's MD5), or None for a data set that cannot be downloaded.
             It downloads into a temporary folder beside ``raw_dir``; the files are moved into
             place only once all of them are complete, so an interrupted or failed download never
-            leaves a partial file behind.
+            leaves a partial file behind (nor the folders it created).
 
     Returns:
         ``raw_dir``.
@@ -104,6 +105,8 @@ def ensure_idx_files(raw_dir: Path, files: Sequence[str], download: str | None =
             "or point data.data_dir (and data.subdir) at a folder that has them."
         )
     dataset_class = import_class(download)
+    # The outermost folder this call creates: removed again if the download fails.
+    created = next((folder for folder in reversed([raw, *raw.parents]) if not folder.exists()), None)
     try:
         raw.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".download-", dir=raw.parent) as tmp:
@@ -115,6 +118,8 @@ def ensure_idx_files(raw_dir: Path, files: Sequence[str], download: str | None =
     # Whatever the download raised: URLError (no network), http.client.IncompleteRead (a transfer cut
     # off), RuntimeError (an archive whose MD5 does not match), OSError (a folder not writable).
     except Exception as err:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         raise DataNotAvailableError(
             f"{dataset_class.__name__} is missing from {raw} ({', '.join(missing)} not found) and could not be "
             f"downloaded: {(str(err).strip() or type(err).__name__).splitlines()[-1]}\n"
@@ -227,7 +232,10 @@ def check_idx_file(path: Path, ndim: int, kind: str) -> tuple[int, ...]:
             "or point data.data_dir at a readable copy."
         ) from err
     if header[:2] == b"\x1f\x8b":
-        raise DataFormatError(f"{path} is gzip-compressed: decompress it (gunzip) into {path.name}.")
+        name = path.name
+        raise DataFormatError(
+            f"{path} is gzip-compressed: decompress it in place (mv {name} {name}.gz && gunzip {name}.gz)."
+        )
     if len(header) < 4 or header[:4] != expected_magic:
         raise DataFormatError(
             f"{path} is not an IDX file of {kind}: it starts with 0x{header[:4].hex()} instead of the magic "

@@ -18,6 +18,7 @@ expands into several):
 import itertools
 import logging
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -159,7 +160,8 @@ def check_job(cfg: DictConfig) -> None:
         except InstantiationException as error:
             if isinstance(error.__cause__, UsageError):
                 raise error.__cause__ from None
-            raise UsageError(f"{group}: {error.__cause__ or error}") from None
+            hint = _unexpected_argument_hint(cfg[group], group, error.__cause__)
+            raise UsageError(f"{group}: {error.__cause__ or error}{hint}") from None
     accelerator, devices = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
     devices = OmegaConf.to_container(devices) if OmegaConf.is_list(devices) else devices
     cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
@@ -175,6 +177,27 @@ def check_job(cfg: DictConfig) -> None:
         "cuda" if cuda else "cpu", cfg.strategy.process_group_backend, cfg.trainer.sync_batchnorm, cfg.trainer.precision
     )
     check_writable("paths.log_dir", Path(cfg.paths.log_dir))
+
+
+def _unexpected_argument_hint(node: DictConfig, path: str, error: BaseException | None) -> str:
+    """For ``TypeError: ... unexpected keyword argument 'x'``: which ``_target_`` node sets ``x``, and
+    how to drop it. (A preset written for one class, such as ``experiment=fast`` setting
+    ``model.net.batch_norm`` for the CNN, meets another, ``model=mlp``.)"""
+    match = re.search(r"unexpected keyword argument '(\w+)'", str(error)) if isinstance(error, TypeError) else None
+    if match is None:
+        return ""
+    argument = match[1]
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_interpolation():
+            if hint := _unexpected_argument_hint(child, f"{path}.{key}", error):
+                return hint
+    if "_target_" in node and argument in node:
+        return (
+            f". {path}.{argument} is set (on the command line or by a preset such as experiment=...), and "
+            f"{node._target_} does not take it: drop it with ~{path}.{argument}"
+        )
+    return ""
 
 
 def check_launch_environment(num_nodes: int, devices_per_node: int) -> None:
@@ -227,8 +250,8 @@ def check_writable(key: str, folder: Path) -> None:
     except OSError as error:
         reason = error.strerror or str(error)
         raise ConfigValueError(
-            f"{key}={folder} cannot be written ({existing}: {reason}). Point {key} at a folder you can write, "
-            f"e.g. {key}=$HOME/logs."
+            f"{key}={folder} cannot be written (creating a file in {existing}: {reason}). "
+            f"Point {key} at a folder you can write, e.g. {key}=$HOME/logs."
         ) from None
 
 
