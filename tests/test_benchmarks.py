@@ -87,10 +87,13 @@ def test_harness_runs_reference_and_template_and_reports_their_figures(tmp_path)
     first_step = number(table_rows(results, "command start to first optimizer step (s)")[1])
     assert 0 < first_step < number(table_rows(results, "end-to-end wall time (s)")[1])
 
-    # Input pipeline: the DataModule's loader against the PIL path, with the ratio of the two.
+    # Input pipeline: the DataModule's loader against the PIL path, with the ratio of the two. Only
+    # the arithmetic: 640 samples take about a millisecond, so beside the other test worker one
+    # stall decides which loader is faster here (CI once measured 4,000 against 10,783 samples/s,
+    # 800,000 when idle); the comparison itself is `make benchmark`'s.
     template_rate, template_ratio = (number(c) for c in table_rows(results, "template"))
     pil_rate, pil_ratio = (number(c) for c in table_rows(results, "pil"))
-    assert pil_ratio == 1.0 and template_ratio == round(template_rate / pil_rate, 1) and template_ratio > 1
+    assert pil_ratio == 1.0 and template_ratio == round(template_rate / pil_rate, 1) and template_rate > 0
 
     # Every target is reported, met or missed, with its figure.
     targets = re.findall(r"^- (met|\*\*missed\*\*): (.+)$", results, flags=re.MULTILINE)
