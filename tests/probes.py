@@ -117,3 +117,79 @@ class PauseAfterStep(L.Callback):
             if not self.marker.exists():
                 self.marker.write_text(str(time.time()))
             time.sleep(self.seconds)
+
+
+class StallOnRank(L.Callback):
+    """At optimizer step ``step``, global rank ``rank`` stops making progress (sleeps for an hour),
+    as a deadlock in user code or a stuck data source would: the other ranks wait for it in their
+    next collective."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            stall_here_for_an_hour()
+
+
+def stall_here_for_an_hour() -> None:
+    """A named frame for the hang tests to find in the stalled rank's stack."""
+    time.sleep(3600)
+
+
+class Fault(L.Callback):
+    """Injects one fault into a run, for the chaos test: at ``phase`` on global rank ``rank`` (the
+    first time it gets there, from optimizer step ``step`` on), it writes ``marker`` (JSON: the time,
+    its pid, its parent's pid) and then does ``action``.
+
+    Phases: ``setup`` (right after the process group formed), ``train`` (a training step),
+    ``validation`` (a validation step), ``checkpoint`` (while a checkpoint is being made),
+    ``test`` (a test step). Actions: ``raise`` (a RuntimeError), ``sigkill`` / ``sigterm`` (this
+    process, as the OOM killer or a scheduler would), ``sigkill_supervisor`` /
+    ``sigterm_supervisor`` (the process that started the workers: its parent).
+    """
+
+    def __init__(self, phase: str, rank: int, action: str, marker: str, step: int = 0) -> None:
+        self.phase, self.rank, self.action, self.marker, self.step = phase, rank, action, Path(marker), step
+        self.done = False
+
+    def _inject(self, trainer: L.Trainer, phase: str) -> None:
+        if self.done or phase != self.phase or trainer.global_rank != self.rank or trainer.global_step < self.step:
+            return
+        self.done = True
+        partial = self.marker.with_suffix(".partial")
+        partial.write_text(json.dumps({"time": time.time(), "pid": os.getpid(), "parent": os.getppid()}))
+        os.replace(partial, self.marker)
+        if self.action == "raise":
+            raise RuntimeError(f"injected fault in {phase} on rank {self.rank}")
+        target = os.getppid() if self.action.endswith("_supervisor") else os.getpid()
+        os.kill(target, signal.SIGKILL if self.action.startswith("sigkill") else signal.SIGTERM)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._inject(trainer, "setup")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._inject(trainer, "train")
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if not trainer.sanity_checking:
+            self._inject(trainer, "validation")
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self._inject(trainer, "checkpoint")
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self._inject(trainer, "test")
+
+
+class MismatchedCollective(L.Callback):
+    """At optimizer step ``step``, rank 0 AllReduces a tensor of 3 values and every other rank one
+    of 5: a user bug that only torch's collective checks (``debug=ddp``) catch at once."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            torch.distributed.all_reduce(torch.zeros(3 if trainer.global_rank == 0 else 5))

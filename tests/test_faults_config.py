@@ -9,6 +9,7 @@ SLURM, by its variables. torchrun runs for real.
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -18,7 +19,8 @@ import torch
 from conftest import REPO, cli_command, cli_env, run_cli, torchrun
 
 from mnist_ddp.errors import ConfigValueError, UsageError
-from mnist_ddp.preflight import check_command_line
+from mnist_ddp.launch import check_rendezvous_address
+from mnist_ddp.preflight import check_command_line, check_output_dir
 
 QUICK = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "data.global_batch_size=64")
 
@@ -93,6 +95,7 @@ def test_num_nodes_that_torchrun_did_not_start_are_refused_in_every_process(synt
          ["trainer.devices=2"], "trainer.devices=2 processes per node, but torchrun started 1 per node"),
         # Mocked SLURM (no cluster here): 2 nodes of 4 tasks.
         ({"SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "2", "SLURM_JOB_NAME": "train",
+          "SLURM_JOB_ID": "1234",
           "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "node1"},
          ["trainer.devices=4", "trainer.num_nodes=1"],
          "You set num_nodes=1 in Lightning, but the number of nodes configured in SLURM --nodes=2 does not match. "
@@ -151,3 +154,48 @@ def test_a_preset_setting_an_argument_the_other_model_lacks_names_it_and_the_fix
         "it with ~model.net.batch_norm"
     )
     check_command_line("config", ["trainer.accelerator=cpu", "experiment=fast", "model=mlp", "~model.net.batch_norm"])
+
+
+# --- the rendezvous address and the run directory ----------------------------------------------
+
+
+def test_a_busy_master_port_and_an_unresolvable_master_addr_are_refused(synthetic_data_dir, tmp_path):
+    # Real: something listens on the port (as another run's rendezvous or any server would).
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        result = run_cli(f"data.data_dir={synthetic_data_dir}", *QUICK, log_dir=tmp_path,
+                         env={"MASTER_PORT": str(port)})  # fmt: skip
+    assert_refused_before_anything(
+        result, tmp_path, f"MASTER_PORT={port} is busy (something else is listening there): unset MASTER_PORT"
+    )
+    with pytest.raises(ConfigValueError, match=r"MASTER_ADDR=no-such-host.invalid does not resolve .*: unset it"):
+        check_rendezvous_address({"MASTER_ADDR": "no-such-host.invalid"})
+    with pytest.raises(ConfigValueError, match="MASTER_PORT=http is not a port number"):
+        check_rendezvous_address({"MASTER_PORT": "http"})
+    check_rendezvous_address({})  # unset: the OS picks a free port
+
+
+def test_a_new_run_into_the_directory_of_an_earlier_run_is_refused(synthetic_run, tmp_path):
+    log_dir, _ = synthetic_run
+    (run,) = (log_dir / "runs").iterdir()
+    before = {path: path.stat().st_mtime_ns for path in run.rglob("*")}
+    result = run_cli(f"hydra.run.dir={run}", *QUICK, log_dir=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr == (
+        f"Error: hydra.run.dir={run} already holds a run: starting another there would overwrite its checkpoints "
+        "and metrics. Start it in another directory (hydra.run.dir=<new folder>, or leave hydra.run.dir unset for "
+        "a fresh one), or resume that run in place with ckpt_path=last and the same directory.\n"
+    )
+    assert {path: path.stat().st_mtime_ns for path in run.rglob("*")} == before, "nothing written"
+    # Resuming in place is the way on; a sweep into an earlier sweep's folder is refused alike.
+    check_output_dir(run, multirun=False, resume=True)
+    with pytest.raises(ConfigValueError, match=f"hydra.sweep.dir={log_dir / 'runs'} already holds a run"):
+        check_output_dir(log_dir / "runs", multirun=True, resume=False)
+    check_output_dir(tmp_path / "new", multirun=False, resume=False)
+
+
+def test_several_nodes_without_a_launcher_are_refused():
+    with pytest.raises(ConfigValueError, match="trainer.num_nodes=2: a run on several machines needs a launcher"):
+        check_command_line("config", ["trainer.accelerator=cpu", "trainer.num_nodes=2"])

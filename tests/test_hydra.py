@@ -1,6 +1,7 @@
 """Hydra the way users drive it, each through the real command line with 2 gloo processes:
 sweeps, presets, eval, resume, refused command lines, and an Optuna search."""
 
+import csv
 import json
 import re
 
@@ -45,7 +46,7 @@ def test_a_sweep_runs_each_job_once_with_its_own_ddp_processes_and_directory(syn
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["multiruns"], "no stray run directories"
     sweep = only(tmp_path / "multiruns")
-    assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "multirun.yaml"]
+    assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "multirun.yaml", "summary.csv"]
     assert result.stdout.count("Launching 2 jobs locally") == 1, "the sweep must not be started again"
     ports = []
     for job, batch in (("0", 32), ("1", 64)):
@@ -64,6 +65,19 @@ def test_a_sweep_runs_each_job_once_with_its_own_ddp_processes_and_directory(syn
         ports.append(json.loads((job_dir / "ddp.json").read_text())["master_port"])
     assert fingerprints(sweep / "0") != fingerprints(sweep / "1")
     assert ports[0] != ports[1], "each job starts its own process group"
+    # The sweep's summary: a row per job with its overrides, status and metrics, printed and in summary.csv.
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    for row, job, batch in zip(rows, "01", (32, 64)):
+        metrics = json.loads((sweep / job / "metrics.json").read_text())
+        assert metrics["status"] == row["status"] == "completed" and row["job"] == job
+        assert (
+            f"data.global_batch_size={batch}" in metrics["overrides"]
+            and f"data.global_batch_size={batch}" in row["overrides"]
+        )
+        assert row["test/acc"] == f"{metrics['test/acc']:.4f}" and row["val/acc"] == f"{metrics['val/acc']:.4f}"
+        assert re.search(
+            rf"\n{job} +data.global_batch_size={batch} +completed +{row['val/acc']} +{row['test/acc']}", result.stdout
+        )
     # TensorBoard on the sweep directory: one run per job, side by side, each with its own HPARAMS row.
     runs = EventMultiplexer().AddRunsFromDirectory(str(sweep))
     runs.Reload()
@@ -86,12 +100,21 @@ def trained(synthetic_run):
 
 def test_one_job_writes_config_once_one_rank_tagged_log_and_metrics(trained):
     run, result = trained
-    assert sorted(p.name for p in (run / ".hydra").iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert sorted(p.name for p in (run / ".hydra").iterdir()) == [
+        "config.yaml",
+        "hydra.yaml",
+        "job.yaml",
+        "overrides.yaml",
+    ]
     assert sorted(p.name for p in run.glob("*.log")) == ["train.log"]
     lines = (run / "train.log").read_text().splitlines()
     assert all(re.match(r"\[[^]]+\]\[rank [01]\]", line) for line in lines if line.startswith("[")), lines[:5]
     assert ranks_in_log(run) == {0, 1}
-    assert json.loads((run / "metrics.json").read_text()).keys() >= {"val/acc", "val/loss", "test/acc", "test/loss"}
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics.keys() >= {"val/acc", "val/loss", "test/acc", "test/loss"}
+    # Which command made them, and how it ended.
+    assert metrics["status"] == "completed" and "trainer.devices=2" in metrics["overrides"]
+    assert not (run / ".stacks").exists(), "the stacks of stopped workers are kept only after a hang"
     assert result.stdout.count(f"Run directory: {run}") == 2, "printed at start and end"
 
 

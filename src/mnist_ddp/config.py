@@ -125,7 +125,6 @@ class StrategyConfig:
     _target_: str = "mnist_ddp.strategy.CommHookDDPStrategy"
     process_group_backend: str | None = None
     timeout: Any = None
-    start_method: str = "popen"
     find_unused_parameters: bool = False
     static_graph: bool = False
     gradient_as_bucket_view: bool = False
@@ -159,6 +158,15 @@ class TensorBoardLoggerConfig:
 
 
 @dataclass
+class LauncherConfig:
+    """``launcher``: the supervisor of a run's processes on one machine (:mod:`mnist_ddp.launch`)."""
+
+    rendezvous_timeout: float = MISSING
+    shutdown_timeout: float = MISSING
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class PathsConfig:
     """``paths`` group: where data and run outputs go (absolute after resolution)."""
 
@@ -180,6 +188,7 @@ class JobConfig:
     logger: TensorBoardLoggerConfig = MISSING
     callbacks: dict[str, Any] = field(default_factory=dict)
     paths: PathsConfig = MISSING
+    launcher: LauncherConfig = MISSING
     seed: int = MISSING
 
 

@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from mnist_ddp.errors import BatchSizeError, ConfigValueError
 
@@ -72,6 +73,41 @@ def resolve_devices(accelerator: str, devices: Any) -> tuple[str, Any]:
     if devices == "auto" and accelerator == "cpu":
         devices = CPU_PROCESSES_WHEN_AUTO
     return accelerator, devices
+
+
+def device_count(devices: object, cuda: bool) -> int:
+    """Processes per node for ``trainer.devices`` (after :func:`resolve_devices`).
+
+    Raises:
+        ConfigValueError: for 0, a negative count other than -1, an empty list, a list on CPU,
+            or anything else Lightning does not take.
+    """
+    allowed = "a positive process count, a list of device indices, -1 or auto (every GPU)"
+    if devices in ("auto", -1, "-1") and cuda:
+        return torch.cuda.device_count()
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        return devices
+    if isinstance(devices, str) and devices.isdigit() and int(devices) > 0:
+        return int(devices)
+    if cuda and (OmegaConf.is_list(devices) or isinstance(devices, list | tuple)):
+        if len(devices) > 0 and all(isinstance(index, int) and index >= 0 for index in devices):
+            return len(devices)
+    if not cuda:
+        allowed = "a positive process count on CPU"
+    raise ConfigValueError(f"trainer.devices={devices} is not {allowed}.")
+
+
+def processes_per_node(accelerator: str, devices: Any) -> int:
+    """The worker processes one node runs for ``trainer.accelerator`` / ``trainer.devices`` as configured.
+
+    Raises:
+        ConfigValueError: see :func:`device_count`.
+    """
+    accelerator, devices = resolve_devices(accelerator, devices)
+    if OmegaConf.is_list(devices):
+        devices = OmegaConf.to_container(devices)
+    cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    return device_count(devices, cuda)
 
 
 def per_device_batch_size(global_batch_size: int, world_size: int, accumulate_grad_batches: int = 1) -> int:

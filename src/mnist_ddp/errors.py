@@ -37,18 +37,29 @@ class DataFormatError(UsageError, ValueError):
     """A data file that is not what the DataModule reads (format, shape, sample count, labels)."""
 
 
-def exit_on_usage_error(task: Callable[..., T]) -> Callable[..., T]:
-    """Wrap a Hydra task function: a :class:`UsageError` is logged as one line, then exit status 1.
+class JobFailedError(Exception):
+    """A process of a job failed (see :func:`mnist_ddp.launch.launch`); every process has ended.
 
-    When the error comes out of ``trainer.fit`` / ``trainer.test``, Lightning has already
-    stopped the other DDP processes.
+    Attributes:
+        rank: the global rank that failed first.
+        exitcode: its exit status (negative: killed by that signal number).
+        error: the last line of its error (``RuntimeError: ...``), or the signal that killed it.
     """
+
+    def __init__(self, rank: int, exitcode: int, error: str) -> None:
+        self.rank, self.exitcode, self.error = rank, exitcode, error
+        super().__init__(f"rank {rank} failed: {error}")
+
+
+def exit_on_usage_error(task: Callable[..., T]) -> Callable[..., T]:
+    """Wrap a Hydra task function: a :class:`UsageError` or :class:`JobFailedError` is logged as one
+    line, then exit status 1. (The failed process logged its own traceback into the job's log.)"""
 
     @functools.wraps(task)
     def run(*args, **kwargs) -> T:
         try:
             return task(*args, **kwargs)
-        except UsageError as error:
+        except (UsageError, JobFailedError) as error:
             logging.getLogger(task.__module__).error(f"{type(error).__name__}: {error}")
             sys.exit(1)
 

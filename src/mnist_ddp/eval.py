@@ -20,10 +20,10 @@ from mnist_ddp.config import CONFIG_DIR, register_configs
 from mnist_ddp.errors import exit_on_usage_error
 from mnist_ddp.host_memory import keep_freed_host_memory
 from mnist_ddp.interrupts import stop_on_signals
-from mnist_ddp.job import ddp_job
+from mnist_ddp.job import METRICS_FILE, run_job
 from mnist_ddp.outputs import write_json
 from mnist_ddp.preflight import run_entry_point
-from mnist_ddp.trainer import build_trainer, prepare_data_before_launch
+from mnist_ddp.trainer import build_trainer
 
 log = logging.getLogger(__name__)
 info = rank_zero_only(log.info)
@@ -49,8 +49,26 @@ def main(cfg: DictConfig) -> float:
     Raises:
         CheckpointError: if ``ckpt_path`` is missing, unreadable, untrusted, or another model's
             (see :func:`mnist_ddp.checkpoint_io.check_checkpoint`).
+        JobFailedError: a process failed (reported as one line).
     """
     info(f"Run directory: {cfg.paths.output_dir}")
+    return run_job(evaluate, cfg, before_launch=check_before_launch)["test/acc"]
+
+
+def check_before_launch(cfg: DictConfig) -> None:
+    """In the supervisor, once: fetch and check the data, and check the checkpoint against its model."""
+    instantiate(cfg.data).prepare_data()
+    checkpoint = Path(cfg.ckpt_path).resolve()
+    check_checkpoint(checkpoint, instantiate(model_config(cfg, checkpoint)))
+
+
+def evaluate(cfg: DictConfig) -> dict:
+    """One process's part of the evaluation: test the checkpoint on its shard of the test set.
+
+    Returns:
+        ``test/acc``, ``test/loss``, the checkpoint and the data-parallel layout; global rank 0
+        also writes them to ``metrics.json``.
+    """
     checkpoint = Path(cfg.ckpt_path).resolve()
     keep_freed_host_memory()  # in every process: see host_memory.py
     L.seed_everything(cfg.seed, workers=True)
@@ -59,16 +77,16 @@ def main(cfg: DictConfig) -> float:
     model: L.LightningModule = instantiate(model_config(cfg, checkpoint))
     check_checkpoint(checkpoint, model)
     trainer, layout = build_trainer(cfg)
-    prepare_data_before_launch(trainer, datamodule)
 
-    with ddp_job(), stop_on_signals(trainer):
+    with stop_on_signals(trainer):
         # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.
         (metrics,) = trainer.test(model, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=True)
 
+    metrics = {**metrics, "checkpoint": str(checkpoint), **layout}
     if trainer.is_global_zero:
-        write_json(Path(cfg.paths.output_dir) / "metrics.json", {**metrics, "checkpoint": str(checkpoint), **layout})
+        write_json(Path(cfg.paths.output_dir) / METRICS_FILE, metrics)
     info(f"Test accuracy {metrics['test/acc']:.4f}, test loss {metrics['test/loss']:.4f} ({checkpoint})")
-    return metrics["test/acc"]
+    return metrics
 
 
 def cli() -> None:

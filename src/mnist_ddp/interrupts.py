@@ -6,6 +6,7 @@ the command exits with 128 + the signal number (130, 143), as a shell reports a 
 by a signal.
 """
 
+import faulthandler
 import logging
 import signal
 import sys
@@ -13,9 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import TextIO
 
 import lightning as L
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.utilities import rank_zero_only
 
 log = logging.getLogger(__name__)
@@ -23,12 +24,40 @@ log = logging.getLogger(__name__)
 #: The signals a run stops on.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
+#: The open file into which a stop signal first writes every thread's stack (see
+#: :func:`dump_stacks_on_stop_signals`), or None. Module-level: Lightning replaces signal handlers at
+#: each stage's start, and :meth:`StopOnSignal.install` must then put the dump back in front.
+_stacks_file: TextIO | None = None
+
+
+def dump_stacks_on_stop_signals(file: TextIO) -> None:
+    """From now on, SIGINT and SIGTERM first write every thread's Python stack into ``file``, then
+    run the handler they had (faulthandler's C-level dump, chained): at the moment the signal
+    arrives, even while the main thread is blocked in C++ where no Python handler can run. The
+    stacks show where a process was stopped: for a hang, what the rank that never reached the
+    collective was doing (:mod:`mnist_ddp.worker` sets this up in every process it runs)."""
+    global _stacks_file
+    _stacks_file = file
+    _register_stack_dump()
+
+
+def _register_stack_dump() -> None:
+    if _stacks_file is not None:
+        for signum in STOP_SIGNALS:
+            # A registration that signal.signal displaced still counts as enabled, and registering
+            # again would not put the dump back; unregistering restores the handler of that first
+            # registration's time, so the current one is set again before the dump goes in front.
+            handler = signal.getsignal(signum)
+            faulthandler.unregister(signum)
+            signal.signal(signum, handler)
+            faulthandler.register(signum, _stacks_file, all_threads=True, chain=True)
+
 
 class StopOnSignal(L.Callback):
     """SIGINT and SIGTERM both stop the run the way Lightning stops it on Ctrl-C.
 
-    Lightning handles KeyboardInterrupt in every process without a collective: the process that
-    started the DDP children kills them, and every process exits. Its own SIGTERM handler instead
+    Lightning handles KeyboardInterrupt in every process without a collective, and every process
+    exits. Its own SIGTERM handler instead
     runs a broadcast over the process group inside the signal handler; when the signal lands
     while another rank is inside an AllReduce, the two collectives do not match and every process
     waits in them until the process group's timeout (``strategy.timeout``, 30 minutes): 1 of 6
@@ -51,6 +80,7 @@ class StopOnSignal(L.Callback):
         """Handle :data:`STOP_SIGNALS` in this process (the main thread)."""
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._interrupt)
+        _register_stack_dump()  # signal.signal replaced it: in front again
 
     def _interrupt(self, signum: int, frame: FrameType | None) -> None:
         self.received = signal.Signals(signum)
@@ -94,9 +124,6 @@ def stop_on_signals(trainer: L.Trainer) -> Iterator[None]:
     one) handles the signals also between the calls, and a stopped run exits with status
     128 + the signal number.
 
-    A signal between two Trainer calls reaches this process outside Lightning's own handling, so
-    here the DDP children that Lightning started are killed, as Lightning does on Ctrl-C.
-
     Raises:
         SystemExit: with status 130 (SIGINT) or 143 (SIGTERM) when a signal stopped the run.
     """
@@ -111,10 +138,8 @@ def stop_on_signals(trainer: L.Trainer) -> Iterator[None]:
         if stopper.received is None:
             raise
         stopper.report(trainer)
-        launcher = trainer.strategy.launcher
-        if isinstance(launcher, _SubprocessScriptLauncher):
-            launcher.kill(signal.SIGKILL)
         sys.exit(128 + stopper.received)
     finally:
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+        _register_stack_dump()

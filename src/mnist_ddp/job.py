@@ -1,83 +1,108 @@
-"""One Hydra job across the DDP processes that Lightning starts for it.
+"""One Hydra job: run its task on this machine's DDP processes, or, under torchrun or SLURM, here.
 
-Lightning's DDP strategy (``start_method=popen``) starts each extra process by re-running the
-parent's command line. For a single run that works, but under ``-m`` (a Hydra sweep) the
-command line is the whole sweep: every child would start the sweep again. So the parent puts
-*this job's* overrides and output directory into the environment, which Lightning copies into
-each child, and a child runs exactly that job (:func:`ddp_child_argv`), in the same directory,
-logging into the same ``<job name>.log`` with its rank in every line (:class:`RankFilter`).
+Hydra calls an entry point's task function once per job (once, or once per job of a ``-m``
+sweep). :func:`run_job` then either supervises the job's worker processes
+(:mod:`mnist_ddp.launch`), or, when torchrun or SLURM started this process as one of the job's
+processes, runs the task in it. Either way, global rank 0 ends with ``metrics.json`` in the
+run directory: the task's metrics, the job's overrides and its status.
 
-Under torchrun or SLURM every process is started by the launcher with the same command line,
-so none of this applies there; what they need instead is a run directory whose name every
-process computes alike (:func:`run_stamp`) and a resume after the launcher restarts the job
-(:func:`launcher_restarts`).
+Under torchrun or SLURM every process is started by the launcher with the same command line;
+what they need is a run directory whose name every process computes alike (:func:`run_stamp`)
+and a resume after the launcher restarts the job (:func:`launcher_restarts`).
 """
 
 import json
 import logging
+import math
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import sys
+from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 
-import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
+from omegaconf import DictConfig
 
-#: Environment variable carrying the job (overrides, output directory) to the DDP children.
-JOB_ENV = "MNIST_DDP_JOB"
-#: Variables Lightning's subprocess launcher sets in the parent's own environment.
-_LAUNCHER_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+from mnist_ddp.distributed import processes_per_node
+from mnist_ddp.errors import JobFailedError
+from mnist_ddp.launch import (
+    JobInterrupted,
+    collect_stacks,
+    launch,
+    launched_externally,
+    remove_stacks,
+    write_job_file,
+)
+from mnist_ddp.outputs import write_json
+
+log = logging.getLogger(__name__)
+
+#: The metrics file of a job, in its run directory.
+METRICS_FILE = "metrics.json"
 
 
-@contextmanager
-def ddp_job() -> Iterator[None]:
-    """Run one Hydra job's fit/test inside this block (in the process Hydra runs the job in).
+def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig, before_launch: Callable[[DictConfig], None]) -> dict:
+    """Run ``task(cfg)`` in every process of this job and return global rank 0's metrics.
 
-    On entry, the job is shared with the DDP children Lightning will start. On exit, the
-    process group is destroyed and the launcher's environment variables are restored, so that
-    the next job of a sweep starts its own processes on a fresh rendezvous port.
+    Args:
+        task: the job's work in one process, a module-level function (the workers import it by
+            name); global rank 0 writes its metrics to ``metrics.json`` and returns them.
+        cfg: the job's composed config.
+        before_launch: checks and preparation done once, in this process, before the workers
+            start (the data's download and checks, the checkpoint's check); skipped under torchrun
+            or SLURM, where Lightning prepares the data itself.
+
+    Returns:
+        The metrics, plus ``status`` (``completed`` or ``failed``) and ``overrides`` (this job's
+        command-line overrides). In a ``-m`` sweep a failed job returns ``status: failed``, the
+        failed ``rank`` and its ``error`` with NaN for every metric, so that the next job runs.
+
+    Raises:
+        JobFailedError: a process of a single run failed (every process has ended).
+        SystemExit: 128 + the signal when SIGINT or SIGTERM stopped the run (or the sweep).
     """
-    saved = {key: os.environ.get(key) for key in (JOB_ENV, *_LAUNCHER_ENV)}
-    hydra_config = HydraConfig.get()
-    os.environ[JOB_ENV] = json.dumps(
-        {
-            "overrides": list(hydra_config.overrides.task),
-            "output_dir": hydra_config.runtime.output_dir,
-            "name": hydra_config.job.name,
-        }
-    )
-    try:
-        yield
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def is_ddp_child(environ: os._Environ | dict) -> bool:
-    """Whether this process was started by Lightning's subprocess launcher for a job (see :func:`ddp_job`)."""
-    return JOB_ENV in environ and "LOCAL_RANK" in environ
-
-
-def ddp_child_argv(argv: Sequence[str], environ: os._Environ | dict) -> list[str]:
-    """The command line a DDP child (see :func:`is_ddp_child`) runs: its job's overrides, in its job's directory."""
-    job = json.loads(environ[JOB_ENV])
-    return [
-        argv[0],
-        *job["overrides"],
-        # Quoted: a path may hold characters that Hydra's override grammar reads as syntax.
-        f'hydra.run.dir="{job["output_dir"]}"',
-        # The parent wrote the job's config; the children must not write it again.
-        "hydra.output_subdir=null",
-        # The same job name, so the same log file: <output_dir>/<name>.log.
-        f"hydra.job.name={job['name']}",
-    ]
+    run_dir = Path(cfg.paths.output_dir)
+    overrides = list(HydraConfig.get().overrides.task)
+    # Before the process group forms: the workers inherit them; under torchrun this process is one.
+    os.environ.update(cfg.launcher.env)
+    if launched_externally():
+        metrics = task(cfg)
+    else:
+        before_launch(cfg)
+        # Run with python -m, the entry point's module is __main__; the workers import it by its name.
+        module = task.__module__ if task.__module__ != "__main__" else sys.modules["__main__"].__spec__.name
+        job_file = write_job_file(run_dir, f"{module}:{task.__name__}", cfg, HydraConfig.get().job_logging)
+        nproc = processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices)
+        try:
+            launch(job_file, nproc, cfg.launcher.rendezvous_timeout, cfg.launcher.shutdown_timeout)
+        except JobInterrupted as stopped:
+            remove_stacks(run_dir)
+            log.warning(f"Run {run_dir} {stopped}: every process has ended.")
+            sys.exit(128 + stopped.signum)
+        except JobFailedError as failed:
+            hangs = collect_stacks(run_dir, failed)
+            if hangs:
+                log.error(
+                    f"A collective timed out after strategy.timeout. Every rank's Python stack: "
+                    f"{', '.join(str(path) for path in hangs)} (the rank that was not waiting in the collective "
+                    "is the one to look at)."
+                )
+            record = {"status": "failed", "rank": failed.rank, "error": failed.error, "overrides": overrides}
+            if HydraConfig.get().mode != RunMode.MULTIRUN:
+                write_json(run_dir / METRICS_FILE, record)
+                raise
+            log.error(f"Job {run_dir} failed: {failed}. The sweep goes on with the next job.")
+            write_json(run_dir / METRICS_FILE, {**record, "val/acc": math.nan, "test/acc": math.nan})
+            return {**record, "val/acc": math.nan, "test/acc": math.nan}
+        remove_stacks(run_dir)
+        metrics = json.loads((run_dir / METRICS_FILE).read_text())
+    metrics = {"status": "completed", "overrides": overrides, **metrics}
+    if rank_zero_only.rank == 0:
+        write_json(run_dir / METRICS_FILE, metrics)
+    return metrics
 
 
 def run_stamp() -> str:
@@ -89,7 +114,7 @@ def run_stamp() -> str:
     - Under SLURM (tasks started by ``srun``): ``slurm-<job id>.<step id>``, also unchanged when
       SLURM requeues the job.
     - Otherwise the start time, ``%Y-%m-%d_%H-%M-%S.%f`` (microseconds keep two runs apart); the
-      DDP processes Lightning starts itself are given their parent's directory instead.
+      worker processes read their job's directory from the job file instead.
 
     Launcher-started processes cannot use the start time: each would get its own.
     """

@@ -35,9 +35,17 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from mnist_ddp.config import CONFIG_DIR, register_configs
-from mnist_ddp.distributed import check_device_options, check_gpu_devices, per_device_batch_size, resolve_devices
+from mnist_ddp.distributed import (
+    check_device_options,
+    check_gpu_devices,
+    device_count,
+    per_device_batch_size,
+    resolve_devices,
+)
 from mnist_ddp.errors import ConfigValueError, UsageError
-from mnist_ddp.job import ddp_child_argv, is_ddp_child, launcher_rank
+from mnist_ddp.job import launcher_rank, launcher_restarts
+from mnist_ddp.launch import check_rendezvous_address, launched_externally
+from mnist_ddp.sweep_summary import failed_jobs
 
 log = logging.getLogger(__name__)
 
@@ -45,25 +53,24 @@ log = logging.getLogger(__name__)
 def run_entry_point(main: Callable[[], object], config_name: str) -> None:
     """What ``python -m mnist_ddp.<train|eval>`` does.
 
-    A DDP process started by Lightning runs its job's command line (see :mod:`mnist_ddp.job`).
-    Any other process first checks its command line, and exits with status 1 and one line on
-    stderr if it is bad; then it runs ``main`` (Hydra's entry point).
+    The command line is checked first: a bad one exits with status 1 and one line on stderr.
+    Then ``main`` (Hydra's entry point) runs the job(s); a job whose process failed exits with
+    status 1 and its error, a sweep with a failed job with status 1 after its summary.
     """
     # Warnings go through logging: tagged with the rank, kept in the job's log file.
     logging.captureWarnings(True)
-    if is_ddp_child(os.environ):
-        sys.argv = ddp_child_argv(sys.argv, os.environ)
-    else:
-        if launcher_rank() > 0:
-            # torchrun / srun start every process with the same command: global rank 0 writes the
-            # job's .hydra/ config, the others must not write it again at the same time.
-            sys.argv.append("hydra.output_subdir=null")
-        try:
-            check_command_line(config_name, sys.argv[1:])
-        except UsageError as error:
-            print(f"Error: {error}", file=sys.stderr)
-            sys.exit(1)
+    if launcher_rank() > 0:
+        # torchrun / srun start every process with the same command: global rank 0 writes the
+        # job's .hydra/ config, the others must not write it again at the same time.
+        sys.argv.append("hydra.output_subdir=null")
+    try:
+        check_command_line(config_name, sys.argv[1:])
+    except UsageError as error:
+        print(f"Error: {error}", file=sys.stderr)
+        sys.exit(1)
     main()
+    if failed_jobs():
+        sys.exit(1)
 
 
 def check_command_line(config_name: str, args: Sequence[str]) -> None:
@@ -80,10 +87,15 @@ def check_command_line(config_name: str, args: Sequence[str]) -> None:
         return
     overrides = [arg for arg in args if not arg.startswith("-")]
     register_configs()
+    if not launched_externally():
+        check_rendezvous_address()
+    multirun = bool(flags)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         defaults = compose(config_name)
-        for job in sweep_jobs(overrides) if flags else [overrides]:
-            check_job(_compose(config_name, job, defaults))
+        for job in sweep_jobs(overrides) if multirun else [overrides]:
+            cfg, output_dir = _compose(config_name, job, defaults, multirun)
+            check_job(cfg)
+    check_output_dir(output_dir, multirun, resume=cfg.get("ckpt_path") == "last")
 
 
 def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
@@ -101,7 +113,9 @@ def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
     return [list(job) for job in itertools.product(*choices)]
 
 
-def _compose(config_name: str, overrides: list[str], defaults: DictConfig) -> DictConfig:
+def _compose(config_name: str, overrides: list[str], defaults: DictConfig, multirun: bool) -> tuple[DictConfig, Path]:
+    """The job's config (without its ``hydra`` node), and the directory Hydra will write it into
+    (the sweep's directory under ``-m``)."""
     try:
         cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
     except MissingConfigException as error:
@@ -112,6 +126,7 @@ def _compose(config_name: str, overrides: list[str], defaults: DictConfig) -> Di
         raise UsageError(_describe(error, defaults)) from None
     # Interpolations such as ${hydra:runtime.cwd} resolve against this job's Hydra config.
     HydraConfig.instance().set_config(cfg)
+    output_dir = Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)
     with open_dict(cfg):
         del cfg["hydra"]
     missing = missing_values(cfg)
@@ -120,7 +135,36 @@ def _compose(config_name: str, overrides: list[str], defaults: DictConfig) -> Di
             f"Missing value{'s' * (len(missing) > 1)} (???) for {', '.join(missing)}: set "
             f"{'them' if len(missing) > 1 else 'it'} in the config file or on the command line ({missing[0]}=...)."
         )
-    return cfg
+    return cfg, output_dir
+
+
+def holds_a_run(folder: Path) -> bool:
+    """Whether ``folder`` is (or, for a sweep's folder, holds) the directory of an earlier run: its
+    config (``.hydra/config.yaml``), checkpoints or ``metrics.json``."""
+    marks = (".hydra/config.yaml", "checkpoints", "metrics.json", "multirun.yaml")
+    return any((folder / mark).exists() for mark in marks) or any(
+        (job / mark).exists() for job in folder.glob("*/") for mark in marks
+    )
+
+
+def check_output_dir(output_dir: Path, multirun: bool, resume: bool) -> None:
+    """Refuse to start a run into the directory of an earlier one, before anything is written: it
+    would overwrite that run's checkpoints and metrics and add a second series to its TensorBoard
+    run. Resuming that run in place (``ckpt_path=last``) and a launcher's restart of the job
+    (torchrun ``--max-restarts``, a SLURM requeue) are the exceptions; so are the processes other
+    than global rank 0 under torchrun or SLURM (rank 0 checks, before any of them writes).
+
+    Raises:
+        ConfigValueError: naming the directory and the ways on.
+    """
+    if resume or launcher_restarts() > 0 or launcher_rank() > 0 or not holds_a_run(output_dir):
+        return
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    raise ConfigValueError(
+        f"{key}={output_dir} already holds a run: starting another there would overwrite its checkpoints and "
+        f"metrics. Start it in another directory ({key}=<new folder>, or leave {key} unset for a fresh one), "
+        "or resume that run in place with ckpt_path=last and the same directory."
+    )
 
 
 def missing_values(node: DictConfig | ListConfig, prefix: str = "") -> list[str]:
@@ -167,6 +211,11 @@ def check_job(cfg: DictConfig) -> None:
     cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
     if cfg.trainer.num_nodes < 1:
         raise ConfigValueError(f"trainer.num_nodes={cfg.trainer.num_nodes} must be at least 1.")
+    if cfg.trainer.num_nodes > 1 and not launched_externally():
+        raise ConfigValueError(
+            f"trainer.num_nodes={cfg.trainer.num_nodes}: a run on several machines needs a launcher on each, "
+            "torchrun or SLURM (README: Scaling out). On one machine, leave trainer.num_nodes=1."
+        )
     if cuda:
         check_gpu_devices(accelerator, devices, torch.cuda.device_count())
     devices_per_node = device_count(devices, cuda)
@@ -253,25 +302,3 @@ def check_writable(key: str, folder: Path) -> None:
             f"{key}={folder} cannot be written (creating a file in {existing}: {reason}). "
             f"Point {key} at a folder you can write, e.g. {key}=$HOME/logs."
         ) from None
-
-
-def device_count(devices: object, cuda: bool) -> int:
-    """Processes per node for ``trainer.devices`` (after :func:`resolve_devices`).
-
-    Raises:
-        ConfigValueError: for 0, a negative count other than -1, an empty list, a list on CPU,
-            or anything else Lightning does not take.
-    """
-    allowed = "a positive process count, a list of device indices, -1 or auto (every GPU)"
-    if devices in ("auto", -1, "-1") and cuda:
-        return torch.cuda.device_count()
-    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
-        return devices
-    if isinstance(devices, str) and devices.isdigit() and int(devices) > 0:
-        return int(devices)
-    if cuda and (OmegaConf.is_list(devices) or isinstance(devices, list | tuple)):
-        if len(devices) > 0 and all(isinstance(index, int) and index >= 0 for index in devices):
-            return len(devices)
-    if not cuda:
-        allowed = "a positive process count on CPU"
-    raise ConfigValueError(f"trainer.devices={devices} is not {allowed}.")

@@ -11,9 +11,12 @@ import inspect
 from enum import Enum
 from typing import Any
 
+import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
 
 from mnist_ddp.errors import ConfigValueError
 
@@ -84,6 +87,22 @@ class CommHookDDPStrategy(DDPStrategy):
             )
         self.powersgd_rank = powersgd_rank
         self.powersgd_start_iter = powersgd_start_iter
+
+    @override
+    def _setup_model(self, model: Module) -> DistributedDataParallel:
+        if dist.get_debug_level() == dist.DebugLevel.DETAIL and dist.get_backend() == "gloo":
+            # debug=ddp (TORCH_DISTRIBUTED_DEBUG=DETAIL) wraps the process group in torch's
+            # collective checker, and DistributedDataParallel's constructor crashes (SIGSEGV, torch
+            # 2.14 on gloo) on a wrapped group. DDP's own AllReduces match on every rank by
+            # construction, so DDP gets a plain gloo group of its own; every other collective
+            # (Lightning's, the metrics', the user's) still goes through the checked default group.
+            level = dist.get_debug_level()
+            dist.set_debug_level(dist.DebugLevel.INFO)  # new groups are wrapped only under DETAIL
+            try:
+                self._ddp_kwargs["process_group"] = dist.new_group(backend="gloo")
+            finally:
+                dist.set_debug_level(level)
+        return super()._setup_model(model)
 
     def _register_ddp_hooks(self) -> None:
         # Replaces Lightning's version, which registers hooks only when root_device is CUDA.

@@ -1,11 +1,10 @@
 """Entry point: ``python -m mnist_ddp.train [key=value ...]`` (add ``-m`` for a sweep).
 
-Composes the config from ``conf/``, builds the DataModule, model, callbacks, logger and DDP
-Trainer from it, trains, then evaluates the best checkpoint on the validation split and on the
-official 10,000-image test set, and writes both to ``metrics.json`` in the run directory.
-
-With ``trainer.devices=N`` Lightning's DDP strategy starts N - 1 more processes that run this
-job again (see :mod:`mnist_ddp.job`); all of them write into the job's one run directory.
+Composes the config from ``conf/``, checks it, and runs each job on ``trainer.devices`` DDP
+processes (:func:`mnist_ddp.job.run_job`). Each process builds the DataModule, model, callbacks,
+logger and DDP Trainer from the config, trains, then evaluates the best checkpoint on the
+validation split and on the official 10,000-image test set (:func:`fit_and_test`); global rank 0
+writes both to ``metrics.json`` in the run directory.
 """
 
 import logging
@@ -19,15 +18,15 @@ from omegaconf import DictConfig
 
 from mnist_ddp.checkpoint_io import check_checkpoint
 from mnist_ddp.config import CONFIG_DIR, register_configs
-from mnist_ddp.distributed import scale_learning_rate
+from mnist_ddp.distributed import LRScaling, scale_learning_rate
 from mnist_ddp.errors import exit_on_usage_error
 from mnist_ddp.host_memory import keep_freed_host_memory
 from mnist_ddp.interrupts import stop_on_signals
-from mnist_ddp.job import ddp_job, launcher_restarts
+from mnist_ddp.job import METRICS_FILE, launcher_restarts, run_job
 from mnist_ddp.outputs import config_fingerprint, write_json
 from mnist_ddp.preflight import run_entry_point
 from mnist_ddp.run_summary import RunSummary
-from mnist_ddp.trainer import build_trainer, checkpoint_to_resume, prepare_data_before_launch
+from mnist_ddp.trainer import build_trainer, checkpoint_to_resume
 
 log = logging.getLogger(__name__)
 # Every process runs this file; messages about the whole run come from global rank 0 only.
@@ -39,26 +38,45 @@ register_configs()
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
 @exit_on_usage_error
 def main(cfg: DictConfig) -> float:
-    """Train and evaluate one job; returns the best checkpoint's ``val/acc`` (what sweepers maximize).
+    """Train and evaluate one job; returns the best checkpoint's ``val/acc`` (what sweepers
+    maximize; NaN for a failed job of a sweep, which Optuna records as a failed trial).
 
     Raises:
         UsageError: for a config value, data file or checkpoint the user must fix (reported as one line).
+        JobFailedError: a process of a single run failed (reported as one line).
     """
     info(f"Run directory: {cfg.paths.output_dir}")
+    return run_job(fit_and_test, cfg, before_launch=check_before_launch)["val/acc"]
+
+
+def check_before_launch(cfg: DictConfig) -> None:
+    """In the supervisor, once: fetch and check the data, and check ``ckpt_path``, so that missing
+    data or a bad checkpoint is one line before any process starts."""
+    instantiate(cfg.data).prepare_data()
+    if cfg.ckpt_path not in (None, "last"):  # "last": Lightning finds the run's latest itself
+        check_checkpoint(cfg.ckpt_path, instantiate(cfg.model))
+
+
+def fit_and_test(cfg: DictConfig) -> dict:
+    """One process's part of a training job: fit, then validate and test the best checkpoint.
+
+    Returns:
+        The metrics (``val/acc``, ``val/loss``, ``test/acc``, ``test/loss``, the checkpoint and the
+        data-parallel layout), the same on every rank; global rank 0 also writes them to
+        ``metrics.json``.
+    """
     keep_freed_host_memory()  # in every process: see host_memory.py (10-25% per step on CPU)
-    # On every rank: each DDP process composes the config itself, and they must agree.
+    # On every rank: each process reads the job's config, and they must agree.
     log.info(f"Composed config sha256 {config_fingerprint(cfg)}")
     L.seed_everything(cfg.seed, workers=True)
 
     base_lr = cfg.model.optimizer.lr
-    effective_lr = scale_learning_rate(
-        base_lr, cfg.data.global_batch_size, cfg.lr_scaling.reference_batch_size, cfg.lr_scaling.rule
-    )
+    rule = LRScaling(cfg.lr_scaling.rule)
+    effective_lr = scale_learning_rate(base_lr, cfg.data.global_batch_size, cfg.lr_scaling.reference_batch_size, rule)
     # HPARAMS and the config text show the config as composed (the lr a sweep set), plus the rate in use.
     run_summary = RunSummary(cfg, extra_hparams={"effective_lr": effective_lr})
     cfg.model.optimizer.lr = effective_lr
 
-    # Build everything before any process launches, so a bad argument fails here, once.
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     model: L.LightningModule = instantiate(cfg.model)
     trainer, layout = build_trainer(cfg, extra_callbacks=[run_summary])
@@ -69,18 +87,16 @@ def main(cfg: DictConfig) -> float:
     )
     info(
         f"Learning rate {cfg.model.optimizer.lr:g} (model.optimizer.lr={base_lr:g} tuned at reference batch "
-        f"{cfg.lr_scaling.reference_batch_size}, lr_scaling.rule={cfg.lr_scaling.rule.value})"
+        f"{cfg.lr_scaling.reference_batch_size}, lr_scaling.rule={rule.value})"
     )
-    prepare_data_before_launch(trainer, datamodule)
-
-    if cfg.ckpt_path not in (None, "last"):  # "last": Lightning finds the run's latest itself
+    if cfg.ckpt_path not in (None, "last"):
         check_checkpoint(cfg.ckpt_path, model)
     ckpt_path = checkpoint_to_resume(cfg.ckpt_path, trainer)
     if restarts := launcher_restarts():
         resume = {None: "Lightning's SLURM requeue checkpoint", "last": "the run's latest checkpoint"}
         info(f"Restart {restarts} of this job by its launcher: fit resumes from {resume.get(ckpt_path, ckpt_path)}")
 
-    with ddp_job(), stop_on_signals(trainer):
+    with stop_on_signals(trainer):
         # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         # The best checkpoint by val/acc; without one (fast_dev_run saves none) the final weights.
@@ -90,13 +106,13 @@ def main(cfg: DictConfig) -> float:
 
     metrics = {**val, **test, "checkpoint": best or None, **layout}
     if trainer.is_global_zero:
-        write_json(Path(cfg.paths.output_dir) / "metrics.json", metrics)
+        write_json(Path(cfg.paths.output_dir) / METRICS_FILE, metrics)
     info(
         f"Test accuracy {metrics['test/acc']:.4f}, test loss {metrics['test/loss']:.4f}; "
         f"val accuracy {metrics['val/acc']:.4f} (checkpoint {best or 'final weights'})"
     )
     info(f"Run directory: {cfg.paths.output_dir}")
-    return metrics["val/acc"]
+    return metrics
 
 
 def cli() -> None:

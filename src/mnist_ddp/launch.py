@@ -1,0 +1,273 @@
+"""Starting a job's DDP processes on one machine, and supervising them: torch's elastic agent.
+
+``python -m mnist_ddp.train`` on its own (no torchrun, no SLURM) is the job's supervisor: it checks
+the command line, prepares the data, writes the job's resolved config into the run directory, and
+starts ``trainer.devices`` worker processes (:mod:`mnist_ddp.worker`) through torch's elastic agent
+(``torch.distributed.launcher.api``, the agent behind torchrun). The workers run the job; this
+process trains nothing, so it always stays responsive:
+
+- when any worker fails (an exception, SIGKILL, an OOM kill), the agent notices within 0.1 s and
+  stops the others (SIGTERM, then SIGKILL after ``launcher.shutdown_timeout``), and
+  :func:`launch` raises :class:`JobFailedError` naming the rank and its error;
+- when this process gets SIGINT or SIGTERM, the agent passes the signal on to the workers, and
+  :func:`launch` raises :class:`JobInterrupted`;
+- when this process is SIGKILLed, the kernel sends each worker SIGTERM (``PR_SET_PDEATHSIG``, set
+  by the worker).
+
+Why not Lightning's own launcher: it runs global rank 0 in the command's own process and starts
+the other ranks from it; when a child fails, its observer thread SIGKILLs every process it knows,
+its own included. That ends a ``-m`` sweep with its first failing job, and rank 0, blocked in a
+collective, cannot react to anything. Under torchrun or SLURM the launcher is theirs, and every
+process runs the job itself (:func:`launched_externally`).
+"""
+
+import errno
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import uuid
+from enum import Enum
+from pathlib import Path
+
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from mnist_ddp.errors import ConfigValueError, JobFailedError
+
+log = logging.getLogger(__name__)
+
+#: Set in each worker's environment: the supervisor's pid (the worker checks it is still alive).
+SUPERVISOR_ENV = "MNIST_DDP_SUPERVISOR_PID"
+#: The job file in the run directory: what every worker runs, with the config resolved.
+JOB_FILE = Path(".hydra") / "job.yaml"
+#: Where in the run directory each worker writes its stacks when it is stopped (``rank<r>.txt``).
+STACKS_DIR = ".stacks"
+#: How a collective or the process group's store reports its timeout (gloo: ``Timed out waiting
+#: 1800000ms for recv operation``; the TCP store: ``wait timeout after 1800000ms``).
+TIMEOUT_PATTERN = re.compile(r"timed out|timeout after|watchdog caught collective operation timeout", re.IGNORECASE)
+#: How a process's collective fails when another process of the job died: a consequence, not the cause.
+PEER_LOST_PATTERN = re.compile(
+    r"connection closed by peer|connection reset by peer|broken pipe|remote worker crashing|communicator was aborted",
+    re.IGNORECASE,
+)
+
+
+class JobInterrupted(Exception):
+    """The supervisor got SIGINT or SIGTERM and stopped every worker with it.
+
+    Attributes:
+        signum: the signal.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signal.Signals(signum)
+        super().__init__(f"stopped by {self.signum.name}")
+
+
+def launched_externally() -> bool:
+    """Whether torchrun or SLURM started this process: then it is a worker, and runs the job itself."""
+    return TorchElasticEnvironment.detect() or SLURMEnvironment.detect()
+
+
+def check_rendezvous_address(environ: os._Environ | dict = os.environ) -> None:
+    """Refuse a ``MASTER_ADDR`` that does not resolve or a ``MASTER_PORT`` already in use, before
+    any process starts (single-node runs started by this template only; under torchrun or SLURM the
+    launcher owns them).
+
+    Without ``MASTER_PORT`` the operating system picks a free port for the rendezvous (port 0), so
+    two runs started at once never collide.
+
+    Raises:
+        ConfigValueError: naming the variable, its value and the fix.
+    """
+    address, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
+    if address:
+        try:
+            socket.getaddrinfo(address, None)
+        except socket.gaierror as error:
+            raise ConfigValueError(
+                f"MASTER_ADDR={address} does not resolve ({error.strerror}): unset it (a run on one machine "
+                "needs none) or set it to this machine's address."
+            ) from None
+    if not port:
+        return
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigValueError(f"MASTER_PORT={port} is not a port number (1..65535): unset it, or choose another.")
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # As the rendezvous store binds: reusing a port in TIME_WAIT, never one something listens on.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("", int(port)))
+    except OSError as error:
+        reason = "something else is listening there" if error.errno == errno.EADDRINUSE else error.strerror
+        raise ConfigValueError(
+            f"MASTER_PORT={port} is busy ({reason}): unset MASTER_PORT so that a free port is picked, "
+            "or choose another."
+        ) from None
+    finally:
+        probe.close()
+
+
+def write_job_file(run_dir: Path, task: str, cfg: DictConfig, logging_config: DictConfig) -> Path:
+    """Write what the workers run into ``run_dir/.hydra/job.yaml``: the task's import path
+    (``module:function``), the job's config and Hydra's logging config.
+
+    A worker has no Hydra runtime, so every ``${hydra:...}`` interpolation (the run directory, in
+    ``paths``) is resolved here; the config's other interpolations stay, so that the worker still
+    follows changes made before it builds the objects (the scaled learning rate that the
+    scheduler's ``max_lr: ${model.optimizer.lr}`` reads).
+
+    Returns:
+        The file's path.
+    """
+    path = run_dir / JOB_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    job = OmegaConf.create(
+        {
+            "task": task,
+            "config": resolve_hydra_interpolations(cfg),
+            "logging": OmegaConf.to_container(logging_config, resolve=True),
+        }
+    )
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(OmegaConf.to_yaml(job))
+    os.replace(partial, path)
+    return path
+
+
+def resolve_hydra_interpolations(cfg: DictConfig) -> dict:
+    """``cfg`` as plain containers, with each value that interpolates ``${hydra:...}`` resolved and
+    every other interpolation kept as written."""
+
+    def convert(node: DictConfig | ListConfig) -> dict | list:
+        keys = list(node.keys()) if isinstance(node, DictConfig) else range(len(node))
+        values = {key: value(node, key) for key in keys}
+        return values if isinstance(node, DictConfig) else list(values.values())
+
+    def value(node: DictConfig | ListConfig, key: str | int) -> object:
+        child = node._get_node(key)
+        if child._is_interpolation():
+            return node[key] if "hydra:" in str(child._value()) else child._value()
+        if isinstance(child, DictConfig | ListConfig):
+            return convert(child)
+        raw = child._value()
+        return raw.value if isinstance(raw, Enum) else raw
+
+    return convert(cfg)
+
+
+def launch(job_file: Path, nproc_per_node: int, rendezvous_timeout: float, shutdown_timeout: float) -> None:
+    """Run ``python -m mnist_ddp.worker <job_file>`` in ``nproc_per_node`` processes on this machine,
+    under torch's elastic agent, and wait for all of them.
+
+    Args:
+        job_file: from :func:`write_job_file`.
+        nproc_per_node: the number of worker processes (``trainer.devices``).
+        rendezvous_timeout: seconds the agent's rendezvous may take (``launcher.rendezvous_timeout``).
+        shutdown_timeout: seconds a worker has to end after SIGTERM before the agent SIGKILLs it
+            (``launcher.shutdown_timeout``).
+
+    Raises:
+        JobFailedError: a worker failed; every worker has ended.
+        JobInterrupted: this process got SIGINT or SIGTERM; every worker has ended.
+    """
+    # Imported here: torch's elastic launcher is only needed where a job starts its processes.
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    address, port = os.environ.get("MASTER_ADDR") or "localhost", os.environ.get("MASTER_PORT") or "0"
+    with tempfile.TemporaryDirectory(prefix="mnist-ddp-errors-") as error_dir:
+        config = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=nproc_per_node,
+            run_id=uuid.uuid4().hex,
+            # torchrun --standalone's rendezvous: the agent's TCP store on a port the OS picks (0).
+            rdzv_backend="c10d",
+            rdzv_endpoint=f"{address}:{port}",
+            rdzv_configs={"timeout": int(rendezvous_timeout)},
+            max_restarts=0,
+            monitor_interval=0.1,
+            shutdown_timeout=int(shutdown_timeout),
+            # error.json of each worker (torch's ErrorHandler, written by mnist_ddp.worker); no redirects.
+            logs_specs=DefaultLogsSpecs(log_dir=error_dir),
+        )
+        # The agent copies this process's environment into each worker's.
+        os.environ[SUPERVISOR_ENV] = str(os.getpid())
+        try:
+            elastic_launch(config, sys.executable)("-m", "mnist_ddp.worker", str(job_file))
+        except ChildFailedError as failed:
+            rank, failure = root_failure(failed.failures)
+            raise JobFailedError(rank, failure.exitcode, describe_failure(failure)) from None
+        except SignalException as stopped:
+            raise JobInterrupted(stopped.sigval) from None
+
+
+def root_failure(failures: dict) -> tuple[int, object]:
+    """The failure that caused the others, from torch's ``{global rank: ProcessFailure}``.
+
+    When one process dies, the others' collectives fail a moment later with a lost connection,
+    often within the same second (torch's failure timestamps have 1 s resolution, so its own
+    ``get_first_failure`` may name a consequence). Those are skipped unless nothing else failed;
+    then the earliest, and the lowest rank among equals.
+    """
+    causes = {
+        rank: failure for rank, failure in failures.items() if not PEER_LOST_PATTERN.search(describe_failure(failure))
+    }
+    causes = causes or failures
+    rank = min(causes, key=lambda rank: (causes[rank].timestamp, rank))
+    return rank, causes[rank]
+
+
+def describe_failure(failure) -> str:
+    """One line for a worker's ``ProcessFailure``: the exception's type and message (its first
+    line) as the worker recorded it, or the signal that ended it (``killed by SIGKILL (exit status -9)``,
+    ``stopped by SIGTERM (exit status 143)``)."""
+    if failure.exitcode < 0:
+        return f"killed by {failure.signal_name()} (exit status {failure.exitcode})"
+    if failure.exitcode - 128 in (signal.SIGINT, signal.SIGTERM):  # a worker's own stop: mnist_ddp.interrupts
+        return f"stopped by {signal.Signals(failure.exitcode - 128).name} (exit status {failure.exitcode})"
+    message = failure.message
+    if isinstance(message, dict):  # torch's ErrorHandler format: {"message": "...", "extraInfo": {...}}
+        message = message.get("message", "")
+    # "<type>: <message>" as recorded by the worker; its first line (omegaconf adds key details below).
+    lines = [line for line in str(message).strip().splitlines() if line.strip()]
+    if not lines or "pytorch.org/docs/stable/elastic/errors" in lines[0]:
+        return f"exited with status {failure.exitcode}"
+    return lines[0].strip()
+
+
+def collect_stacks(run_dir: Path, failure: JobFailedError) -> list[Path]:
+    """After a failed job: when its first failure is a timeout (a collective, the store), keep each
+    stopped worker's stacks as ``hang-rank<r>.txt`` in the run directory and return those files;
+    otherwise (the stacks show only where a healthy worker was stopped) remove them.
+
+    The worker that timed out writes its own ``hang-rank<r>.txt`` (see :mod:`mnist_ddp.worker`);
+    the others, the rank that never reached the collective among them, wrote theirs when the
+    agent stopped them.
+    """
+    stacks = run_dir / STACKS_DIR
+    if TIMEOUT_PATTERN.search(failure.error) and stacks.is_dir():
+        for path in stacks.glob("rank*.txt"):
+            target = run_dir / f"hang-{path.name}"
+            if path.stat().st_size and not target.exists():  # the timed-out worker's own file wins
+                header = (
+                    f"{path.stem.replace('rank', 'Rank ')}: every thread's Python stack when the supervisor stopped "
+                    f"it, after rank {failure.rank}'s {failure.error}\n\n"
+                )
+                target.write_text(header + path.read_text())
+    remove_stacks(run_dir)
+    if not TIMEOUT_PATTERN.search(failure.error):
+        return []
+    return sorted(run_dir.glob("hang-rank*.txt"), key=lambda path: int(path.stem.removeprefix("hang-rank")))
+
+
+def remove_stacks(run_dir: Path) -> None:
+    """Remove the stacks the workers wrote when they were stopped (kept only for a hang: :func:`collect_stacks`)."""
+    shutil.rmtree(run_dir / STACKS_DIR, ignore_errors=True)

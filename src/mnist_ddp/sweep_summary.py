@@ -1,0 +1,75 @@
+"""The end of a ``-m`` sweep: one row per job, printed and written to ``summary.csv`` in the sweep's directory."""
+
+import csv
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+#: The jobs of this command's sweep that failed, filled by :class:`SweepSummary` at the sweep's end.
+_failed: list[str] = []
+
+#: The columns of the table, in order.
+COLUMNS = ("job", "overrides", "status", "val/acc", "test/acc", "error", "directory")
+
+
+def failed_jobs() -> list[str]:
+    """The directories of the jobs that failed in this command's sweep (empty for a single run)."""
+    return list(_failed)
+
+
+def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
+    """One row per job directory of ``sweep_dir`` that holds a ``metrics.json``, in job order."""
+    rows = []
+    jobs = [path for path in sweep_dir.iterdir() if (path / "metrics.json").is_file()]
+    for job in sorted(jobs, key=lambda path: (not path.name.isdigit(), int(path.name) if path.name.isdigit() else 0)):
+        metrics = json.loads((job / "metrics.json").read_text())
+        failed = metrics.get("status") == "failed"
+        rows.append(
+            {
+                "job": job.name,
+                "overrides": " ".join(metrics.get("overrides", [])),
+                "status": metrics.get("status", "completed"),
+                "val/acc": "" if failed else f"{metrics['val/acc']:.4f}" if "val/acc" in metrics else "",
+                "test/acc": "" if failed else f"{metrics['test/acc']:.4f}" if "test/acc" in metrics else "",
+                "error": f"rank {metrics['rank']}: {metrics['error']}" if failed else "",
+                "directory": str(job),
+            }
+        )
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The rows as an aligned text table with a header line. Its ``overrides`` column shows the
+    overrides that differ between the jobs (what the sweep varied); ``summary.csv`` has them all."""
+    common = set.intersection(*(set(row["overrides"].split()) for row in rows)) if len(rows) > 1 else set()
+    rows = [{**row, "overrides": " ".join(o for o in row["overrides"].split() if o not in common)} for row in rows]
+    columns = [column for column in COLUMNS if column != "directory"]
+    widths = {column: max(len(column), *(len(str(row[column])) for row in rows)) for column in columns}
+    lines = ["  ".join(column.ljust(widths[column]) for column in columns)]
+    lines += ["  ".join(str(row[column]).ljust(widths[column]) for column in columns) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+class SweepSummary(Callback):
+    """Hydra callback: at the end of a ``-m`` sweep (basic or Optuna sweeper), print a table of
+    every job (overrides, status, ``val/acc``, ``test/acc``, the failed rank's error) and write it
+    to ``<sweep dir>/summary.csv``; the command then exits with status 1 if a job failed."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = job_rows(sweep_dir) if sweep_dir.is_dir() else []
+        if not rows:
+            return
+        with open(sweep_dir / "summary.csv", "w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        _failed[:] = [row["directory"] for row in rows if row["status"] == "failed"]
+        failed = f", {len(_failed)} failed" if _failed else ""
+        log.info(f"Sweep of {len(rows)} jobs{failed} ({sweep_dir / 'summary.csv'}):\n{format_table(rows)}")

@@ -1,0 +1,141 @@
+"""One DDP process of a job that the supervisor started (:mod:`mnist_ddp.launch`).
+
+``python -m mnist_ddp.worker <run dir>/.hydra/job.yaml``: torch's elastic agent starts one per
+device, with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, so
+Lightning sees a ``TorchElasticEnvironment`` and starts no process itself. The worker reads the
+job's config and logging config from the job file and runs the job's task
+(``mnist_ddp.train:fit_and_test``, ``mnist_ddp.eval:evaluate``).
+
+Every way a worker can end is bounded:
+
+- an exception is logged (``train.log``, with the rank) and recorded in torch's error file, which
+  the supervisor reads to name the failure; exit status 1;
+- SIGINT / SIGTERM (from the supervisor, when the user stops the run or another worker failed)
+  stop it through Lightning's Ctrl-C path (:mod:`mnist_ddp.interrupts`); the signal first writes
+  every thread's Python stack to ``.stacks/rank<r>.txt`` in the run directory (kept when a
+  collective timed out: see :func:`mnist_ddp.launch.collect_stacks`), and a watchdog thread ends
+  the process after ``launcher.shutdown_timeout`` seconds if it is still blocked (in a collective,
+  a rendezvous: C++ code where Python's signal handlers cannot run);
+- the supervisor's death (even SIGKILL) sends the worker SIGTERM (Linux ``PR_SET_PDEATHSIG``).
+"""
+
+import ctypes
+import faulthandler
+import importlib
+import logging
+import logging.config
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from mnist_ddp.errors import UsageError
+from mnist_ddp.interrupts import dump_stacks_on_stop_signals
+from mnist_ddp.launch import PEER_LOST_PATTERN, STACKS_DIR, SUPERVISOR_ENV, TIMEOUT_PATTERN
+
+log = logging.getLogger(__name__)
+
+#: ``prctl`` option: the signal this process gets when its parent dies (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
+
+
+def end_with_supervisor() -> None:
+    """Have the kernel send this process SIGTERM when the supervisor dies, however it dies.
+
+    Raises:
+        SystemExit: if the supervisor is already gone (it died before the request took effect).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        log.warning(
+            f"prctl(PR_SET_PDEATHSIG) failed (errno {ctypes.get_errno()}): this process may outlive its supervisor"
+        )
+    if os.getppid() != int(os.environ[SUPERVISOR_ENV]):
+        sys.exit(128 + signal.SIGTERM)
+
+
+class TerminationWatchdog:
+    """Ends the process with status 128 + the signal when it is still running ``grace`` seconds
+    after SIGINT or SIGTERM.
+
+    Python runs a signal handler only between bytecodes of the main thread, so a process blocked in
+    C++ (a collective, a rendezvous) would ignore the signal until that call times out. The
+    signal's number still reaches this thread at once, through ``signal.set_wakeup_fd``, which
+    Python's C-level handler writes to whenever a Python-level handler is installed (the run's
+    :class:`~mnist_ddp.interrupts.StopOnSignal` handlers are).
+
+    Args:
+        grace: seconds the process has to end by itself (``launcher.shutdown_timeout``).
+    """
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self._reader, self._writer = socket.socketpair()  # the writer stays open for the process's life
+        self._writer.setblocking(False)
+        signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, name="termination-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        while (signum := self._reader.recv(1)[0]) not in (signal.SIGINT, signal.SIGTERM):
+            pass
+        time.sleep(self.grace)
+        log.error(
+            f"Still running {self.grace:g} s after {signal.Signals(signum).name} (blocked outside Python, in a "
+            "collective or the rendezvous): ending it."
+        )
+        os._exit(128 + signum)
+
+
+def write_stacks(path: Path, error: BaseException) -> None:
+    """Write where ``error`` was raised (its traceback) and every thread's current stack to ``path``."""
+    with open(path, "w") as file:
+        file.write(f"Rank {os.environ.get('RANK')} (pid {os.getpid()}) failed: {type(error).__name__}: {error}\n")
+        file.write("".join(traceback.format_exception(error)))
+        file.write("\nStacks of every thread now, most recent call first:\n")
+        file.flush()
+        faulthandler.dump_traceback(file, all_threads=True)
+
+
+def main() -> None:
+    """Run the job file's task in this process; see the module's docstring for how it ends."""
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    job = OmegaConf.load(sys.argv[1])
+    # The job's config as a root of its own: its interpolations (${seed}) resolve against it.
+    config = OmegaConf.create(OmegaConf.to_container(job.config))
+    end_with_supervisor()
+    logging.config.dictConfig(OmegaConf.to_container(job.logging))
+    # Warnings go through logging: tagged with the rank, kept in the job's log file.
+    logging.captureWarnings(True)
+    rank = int(os.environ["RANK"])
+    stacks_file = Path(config.paths.output_dir) / STACKS_DIR / f"rank{rank}.txt"
+    stacks_file.parent.mkdir(parents=True, exist_ok=True)
+    dump_stacks_on_stop_signals(open(stacks_file, "w"))  # noqa: SIM115 -- open for the process's life
+    TerminationWatchdog(grace=config.launcher.shutdown_timeout)
+    module, _, function = job.task.partition(":")
+    task = getattr(importlib.import_module(module), function)
+    try:
+        task(config)
+    except SystemExit:
+        raise
+    except BaseException as error:  # noqa: B036 -- every way out is recorded for the supervisor
+        if isinstance(error, UsageError):
+            log.error(f"{type(error).__name__}: {error}")
+        elif PEER_LOST_PATTERN.search(str(error)):
+            log.error(f"Rank {rank} stopped: another process of the job ended ({type(error).__name__}: {error})")
+        else:
+            log.exception(f"Rank {rank} failed")
+        if TIMEOUT_PATTERN.search(str(error)):
+            write_stacks(Path(config.paths.output_dir) / f"hang-rank{rank}.txt", error)
+        ErrorHandler().record_exception(error)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
