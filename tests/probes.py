@@ -46,12 +46,15 @@ class SampleRecorder(L.Callback):
 
 
 class FailOnRank(L.Callback):
-    """Raises in one process at one optimizer step, after writing the wall-clock time to ``marker``."""
+    """Raises in one process at one optimizer step, after writing the wall-clock time to ``marker``;
+    with ``job``, only in the job whose run directory has that name (a sweep's job number)."""
 
-    def __init__(self, rank: int, step: int, marker: str) -> None:
-        self.rank, self.step, self.marker = rank, step, Path(marker)
+    def __init__(self, rank: int, step: int, marker: str, job: str | None = None) -> None:
+        self.rank, self.step, self.marker, self.job = rank, step, Path(marker), job
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.job is not None and Path(trainer.default_root_dir).name != str(self.job):
+            return
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             self.marker.write_text(str(time.time()))
             raise RuntimeError(f"injected failure on rank {self.rank} at step {self.step}")

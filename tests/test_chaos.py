@@ -28,11 +28,12 @@ import torch
 from conftest import REPO, cli_command, cli_env, make_synthetic_mnist
 from test_ddp_failures import processes_mentioning
 
-# 600 - 200 = 400 training images in global batches of 48 (24 per process at 2, 16 at 3):
-# 8 optimizer steps per epoch; 2 epochs, so that a fault in epoch 1 finds epoch 0's last.ckpt.
+# 600 - 200 = 400 training images in global batches of 48 (24 per process at 2, 16 at 3): 9
+# optimizer steps per epoch (the last one short); 2 epochs, so that a fault in epoch 1 finds
+# epoch 0's last.ckpt.
 RUN = ("trainer.accelerator=cpu", "trainer.max_epochs=2", "data.val_size=200", "data.global_batch_size=48",
        "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false")  # fmt: skip
-STEPS_PER_EPOCH = 8
+STEPS_PER_EPOCH = 9
 SECONDS_TO_END = 10
 
 

@@ -275,11 +275,14 @@ def test_a_bad_command_line_is_one_line_before_any_process_or_directory(override
 
 
 def test_optuna_search_gives_every_rank_of_a_trial_the_same_hyperparameters(synthetic_data_dir, tmp_path):
+    # Trial 0 fails on rank 1 at step 2: it is recorded as failed, and the search goes on.
     result = run_cli(
         "-m", f"data.data_dir={synthetic_data_dir}", *QUICK, "hparams_search=optuna", "hydra.sweeper.n_trials=2",
-        log_dir=tmp_path,
+        "+callbacks.fail._target_=probes.FailOnRank", "+callbacks.fail.rank=1", "+callbacks.fail.step=2",
+        f"+callbacks.fail.marker={tmp_path / 'failed'}", "+callbacks.fail.job=0", log_dir=tmp_path,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "Failed experiment: " in result.stdout + result.stderr, "Optuna told the trial failed"
     sweep = only(tmp_path / "multiruns")
     trials = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert [p.name for p in trials] == ["0", "1"]
@@ -291,5 +294,8 @@ def test_optuna_search_gives_every_rank_of_a_trial_the_same_hyperparameters(synt
         rates.append(re.search(r"model.optimizer.lr=([\d.e-]+)", overrides).group(1))
     assert rates[0] != rates[1], "two trials, two sampled learning rates"
     results = (sweep / "optimization_results.yaml").read_text()
-    best = max(json.loads((trial / "metrics.json").read_text())["val/acc"] for trial in trials)
-    assert f"best_value: {best}" in results
+    failed, completed = (json.loads((trial / "metrics.json").read_text()) for trial in trials)
+    assert failed["status"] == "failed" and failed["error"] == "RuntimeError: injected failure on rank 1 at step 2"
+    assert f"best_value: {completed['val/acc']}" in results, "the completed trial is the best"
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert [row["status"] for row in rows] == ["failed", "completed"]

@@ -43,8 +43,8 @@ def model_config(cfg: DictConfig, checkpoint: Path) -> DictConfig:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
 @exit_on_usage_error
-def main(cfg: DictConfig) -> float:
-    """Test one checkpoint; returns its ``test/acc``.
+def main(cfg: DictConfig) -> float | None:
+    """Test one checkpoint; returns its ``test/acc`` (None if a process failed in a sweep).
 
     Raises:
         CheckpointError: if ``ckpt_path`` is missing, unreadable, untrusted, or another model's
@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> float:
         JobFailedError: a process failed (reported as one line).
     """
     info(f"Run directory: {cfg.paths.output_dir}")
-    return run_job(evaluate, cfg, before_launch=check_before_launch)["test/acc"]
+    return run_job(evaluate, cfg, before_launch=check_before_launch).get("test/acc")
 
 
 def check_before_launch(cfg: DictConfig) -> None:

@@ -13,7 +13,6 @@ and a resume after the launcher restarts the job (:func:`launcher_restarts`).
 
 import json
 import logging
-import math
 import os
 import sys
 from collections.abc import Callable
@@ -58,7 +57,7 @@ def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig, before_launch: 
     Returns:
         The metrics, plus ``status`` (``completed`` or ``failed``) and ``overrides`` (this job's
         command-line overrides). In a ``-m`` sweep a failed job returns ``status: failed``, the
-        failed ``rank`` and its ``error`` with NaN for every metric, so that the next job runs.
+        failed ``rank`` and its ``error``, and no metrics, so that the next job runs.
 
     Raises:
         JobFailedError: a process of a single run failed (every process has ended).
@@ -95,8 +94,8 @@ def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig, before_launch: 
                 write_json(run_dir / METRICS_FILE, record)
                 raise
             log.error(f"Job {run_dir} failed: {failed}. The sweep goes on with the next job.")
-            write_json(run_dir / METRICS_FILE, {**record, "val/acc": math.nan, "test/acc": math.nan})
-            return {**record, "val/acc": math.nan, "test/acc": math.nan}
+            write_json(run_dir / METRICS_FILE, record)
+            return record
         remove_stacks(run_dir)
         metrics = json.loads((run_dir / METRICS_FILE).read_text())
     metrics = {"status": "completed", "overrides": overrides, **metrics}

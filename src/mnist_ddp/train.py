@@ -37,16 +37,17 @@ register_configs()
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
 @exit_on_usage_error
-def main(cfg: DictConfig) -> float:
+def main(cfg: DictConfig) -> float | None:
     """Train and evaluate one job; returns the best checkpoint's ``val/acc`` (what sweepers
-    maximize; NaN for a failed job of a sweep, which Optuna records as a failed trial).
+    maximize), or None for a failed job of a sweep (Optuna records a failed trial and goes on;
+    a NaN would crash hydra-optuna-sweeper 1.2, which then tells Optuna a value for a failed trial).
 
     Raises:
         UsageError: for a config value, data file or checkpoint the user must fix (reported as one line).
         JobFailedError: a process of a single run failed (reported as one line).
     """
     info(f"Run directory: {cfg.paths.output_dir}")
-    return run_job(fit_and_test, cfg, before_launch=check_before_launch)["val/acc"]
+    return run_job(fit_and_test, cfg, before_launch=check_before_launch).get("val/acc")
 
 
 def check_before_launch(cfg: DictConfig) -> None:
