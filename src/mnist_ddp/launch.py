@@ -212,17 +212,24 @@ def launch(job_file: Path, nproc_per_node: int, rendezvous_timeout: float, shutd
 def root_failure(failures: dict) -> tuple[int, object]:
     """The failure that caused the others, from torch's ``{global rank: ProcessFailure}``.
 
-    When one process dies, the others' collectives fail a moment later with a lost connection,
+    When one process fails, the others fail a moment later as a consequence: their collectives
+    lose the connection to it, or the agent's SIGTERM reaches them while they are already ending,
     often within the same second (torch's failure timestamps have 1 s resolution, so its own
-    ``get_first_failure`` may name a consequence). Those are skipped unless nothing else failed;
-    then the earliest, and the lowest rank among equals.
+    ``get_first_failure`` may name a consequence). So the kinds rank first: an exception of the
+    process's own, then death by another signal (SIGKILL: the OOM killer; SIGSEGV), then a stop
+    by SIGINT / SIGTERM, then a lost connection; within a kind, the earliest, then the lowest rank.
     """
-    causes = {
-        rank: failure for rank, failure in failures.items() if not PEER_LOST_PATTERN.search(describe_failure(failure))
-    }
-    causes = causes or failures
-    rank = min(causes, key=lambda rank: (causes[rank].timestamp, rank))
-    return rank, causes[rank]
+
+    def kind(failure: object) -> int:
+        description = describe_failure(failure)
+        if PEER_LOST_PATTERN.search(description):
+            return 3
+        if description.startswith(("stopped by SIGINT", "stopped by SIGTERM", "killed by SIGINT", "killed by SIGTERM")):
+            return 2
+        return 1 if description.startswith("killed by") else 0
+
+    rank = min(failures, key=lambda rank: (kind(failures[rank]), failures[rank].timestamp, rank))
+    return rank, failures[rank]
 
 
 def describe_failure(failure) -> str:
