@@ -17,7 +17,10 @@ import torch
 
 
 class SampleRecorder(L.Callback):
-    """Writes ``out_dir/rank<global_rank>_epoch<epoch>.json``: the train-split indices this rank trained on.
+    """Appends to ``out_dir/rank<global_rank>_epoch<epoch>.jsonl`` one line per training batch:
+    ``{"step", "indices"}``, the optimizer step it is trained in and the train-split indices this
+    rank trained on. Appended as it goes, so a killed run leaves its record up to the kill; a
+    resumed run appends to the same files when given the same ``out_dir``.
 
     Each batch is checked against the dataset: its images must equal the train split's images at
     the indices the sampler yielded, so the record is what the model really saw.
@@ -25,24 +28,26 @@ class SampleRecorder(L.Callback):
 
     def __init__(self, out_dir: str) -> None:
         self.out_dir = Path(out_dir)
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Lightning has called sampler.set_epoch(epoch) by now; iterating it again gives this epoch's order.
-        self.planned = list(iter(trainer.train_dataloader.sampler))
-        self.seen: list[int] = []
+        self.epoch, self.planned, self.taken = None, [], 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.epoch != trainer.current_epoch:
+            # Lightning has called sampler.set_epoch by now; iterating the sampler again gives this
+            # epoch's order (after a resume inside the epoch, its rest).
+            self.epoch, self.planned, self.taken = (
+                trainer.current_epoch,
+                list(iter(trainer.train_dataloader.sampler)),
+                0,
+            )
         images, _ = batch
-        indices = self.planned[len(self.seen) : len(self.seen) + len(images)]
+        indices = self.planned[self.taken : self.taken + len(images)]
         expected = trainer.datamodule.train_set.tensors[0][indices]
         if not torch.equal(images.cpu(), expected):
             raise AssertionError(f"rank {trainer.global_rank}: batch {batch_idx} is not the sampler's samples")
-        self.seen.extend(indices)
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.taken += len(images)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        path = self.out_dir / f"rank{trainer.global_rank}_epoch{trainer.current_epoch}.json"
-        path.write_text(json.dumps(self.seen))
+        with open(self.out_dir / f"rank{trainer.global_rank}_epoch{self.epoch}.jsonl", "a") as file:
+            file.write(json.dumps({"step": trainer.global_step, "indices": indices}) + "\n")
 
 
 class FailOnRank(L.Callback):
@@ -196,3 +201,23 @@ class MismatchedCollective(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             torch.distributed.all_reduce(torch.zeros(3 if trainer.global_rank == 0 else 5))
+
+
+class ValidationCounter(L.Callback):
+    """Writes ``out_dir/val_rank<global_rank>_epoch<epoch>.json``: how many validation samples this
+    rank evaluated in that epoch's validation (the sanity check not counted)."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir, self.count = Path(out_dir), 0
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self.count = 0
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self.count += len(batch[1])
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / f"val_rank{trainer.global_rank}_epoch{trainer.current_epoch}.json").write_text(str(self.count))

@@ -139,7 +139,12 @@ def test_val_and_test_metrics_count_every_sample_once_for_1_2_and_3_processes(ru
 
 
 def trained_indices(run_dir, world_size, epoch):
-    return [json.loads((run_dir / "samples" / f"rank{r}_epoch{epoch}.json").read_text()) for r in range(world_size)]
+    """Per rank, the train-split indices it trained on in ``epoch``, in order (probes.SampleRecorder)."""
+    return [
+        [i for line in (run_dir / "samples" / f"rank{r}_epoch{epoch}.jsonl").read_text().splitlines()
+         for i in json.loads(line)["indices"]]
+        for r in range(world_size)
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "world_size"), [("ws2", 2), ("ws3", 3), ("ws4", 4)])

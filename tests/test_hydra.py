@@ -165,9 +165,9 @@ def test_resuming_from_last_ckpt_continues_exactly_where_the_run_stopped(determi
     assert all(torch.equal(momentum[i]["momentum_buffer"], expected[i]["momentum_buffer"]) for i in expected)
     assert resumed["lr_schedulers"] == whole["lr_schedulers"]
     # No epoch repeated or skipped: the resumed run trained epoch 1 only, on epoch 1's shards.
-    assert sorted(p.name for p in (resumed_run / "samples").iterdir()) == ["rank0_epoch1.json", "rank1_epoch1.json"]
+    assert sorted(p.name for p in (resumed_run / "samples").iterdir()) == ["rank0_epoch1.jsonl", "rank1_epoch1.jsonl"]
     for rank in (0, 1):
-        name = f"rank{rank}_epoch1.json"
+        name = f"rank{rank}_epoch1.jsonl"
         assert (resumed_run / "samples" / name).read_text() == (whole_run / "samples" / name).read_text()
 
 

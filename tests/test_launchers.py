@@ -27,22 +27,26 @@ STEPS_PER_EPOCH = 16
 
 
 def test_elastic_restart_resumes_from_the_latest_checkpoint_and_finishes(synthetic_data_dir, tmp_path):
-    # 3 epochs; rank 1 kills itself with SIGKILL at step 20 (epoch 1) in the first attempt only.
+    # 3 epochs, last.ckpt every 5 steps; rank 1 kills itself with SIGKILL at step 23 (epoch 1) in
+    # the first attempt only.
     record = tmp_path / "record.jsonl"
     result = torchrun(
         "--standalone", "--nproc-per-node=2", "--max-restarts=1",
         overrides=(f"data.data_dir={synthetic_data_dir}", *SMALL, "trainer.devices=2", "trainer.max_epochs=3",
+                   "callbacks.last_checkpoint.train_time_interval=null",
+                   "callbacks.last_checkpoint.every_n_train_steps=5",
                    "+callbacks.probe._target_=probes.ElasticProbe", f"+callbacks.probe.record={record}",
-                   "+callbacks.probe.kill_rank=1", "+callbacks.probe.kill_step=20"),
+                   "+callbacks.probe.kill_rank=1", "+callbacks.probe.kill_step=23"),
         log_dir=tmp_path / "logs",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     first, killed, second = (json.loads(line) for line in record.read_text().splitlines())
-    assert (first["attempt"], first["start_step"]) == (0, 0) and killed == {**killed, "attempt": 0, "killed_step": 20}
-    # The restarted attempt starts where the last checkpoint (end of epoch 0) left off: only the
-    # 4 steps of epoch 1 done after it are redone, and no epoch is skipped.
-    assert (second["attempt"], second["start_epoch"], second["start_step"]) == (1, 1, STEPS_PER_EPOCH)
-    print(f"restart: {second['time'] - killed['time']:.1f} s from the kill to training again")
+    assert (first["attempt"], first["start_step"]) == (0, 0) and killed == {**killed, "attempt": 0, "killed_step": 23}
+    # The restarted attempt starts inside epoch 1, at the last checkpoint (step 20): only the 3
+    # steps done after it are redone, at most the checkpoint interval.
+    assert (second["attempt"], second["start_epoch"], second["start_step"]) == (1, 1, 20)
+    print(f"restart: {second['time'] - killed['time']:.1f} s from the kill to training again; "
+          f"{killed['killed_step'] - second['start_step']} steps redone")  # fmt: skip
 
     (run,) = (tmp_path / "logs" / "runs").iterdir()
     assert run.name.startswith("torchrun-"), "one run directory across both attempts"

@@ -1,18 +1,21 @@
-"""Checkpoint files that a kill during saving can never leave half-written, and checkpoints
-checked before a run loads them."""
+"""Checkpoint files that a kill during saving can never leave half-written, a ``last.ckpt`` kept
+fresh inside epochs, and checkpoints checked before a run loads them."""
 
 import os
 import pickle
 import tempfile
 import zipfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
-from mnist_ddp.errors import CheckpointError
+from mnist_ddp.errors import CheckpointError, ConfigValueError
 
 #: How many names of each kind of mismatch a message lists.
 LISTED_KEYS = 6
@@ -134,3 +137,53 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # Global rank 0 alone saves: another file of this pattern is a save that was killed.
         for leftover in path.parent.glob(f".{path.name}.*.tmp"):
             leftover.unlink(missing_ok=True)
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """``last.ckpt`` to resume from: rewritten at the end of every epoch and, inside an epoch,
+    every ``every_n_train_steps`` optimizer steps or every ``train_time_interval``.
+
+    Lightning's ``ModelCheckpoint`` takes one trigger, epochs or steps or time; a resume point
+    needs the epoch's end (validated weights, the next epoch's start) and a bound on the work a kill
+    inside a long epoch loses. Saves inside an epoch come at optimizer-step boundaries only
+    (never between two accumulated micro-batches, whose gradients a checkpoint does not hold).
+    What an exact resume needs beyond Lightning's own state (the data position) is saved by the
+    training dataloader (:mod:`mnist_ddp.sharding`).
+
+    Args:
+        dirpath: the checkpoint folder.
+        every_n_train_steps: optimizer steps between saves inside an epoch (default None: none).
+        train_time_interval: time between saves inside an epoch (default None: none; the config
+            sets 30 minutes). Its time check is a broadcast from rank 0 every step, so that every
+            rank decides alike.
+
+    Raises:
+        ConfigValueError: when both are set (Lightning takes one trigger inside an epoch).
+    """
+
+    def __init__(
+        self, dirpath: str, every_n_train_steps: int | None = None, train_time_interval: timedelta | None = None
+    ) -> None:
+        if every_n_train_steps is not None and train_time_interval is not None:
+            raise ConfigValueError(
+                f"callbacks.last_checkpoint: every_n_train_steps={every_n_train_steps} and train_time_interval="
+                f"{train_time_interval} are both set; keep one (callbacks.last_checkpoint.train_time_interval=null "
+                "to save every N steps)."
+            )
+        super().__init__(
+            dirpath=dirpath,
+            filename="last",
+            monitor=None,
+            save_top_k=1,
+            enable_version_counter=False,
+            every_n_train_steps=every_n_train_steps,
+            train_time_interval=train_time_interval,
+        )
+        # After Lightning's exclusivity check: the epoch-end trigger as well.
+        self._every_n_epochs = 1
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
+        # The same on every rank (equal batch counts), so no rank skips the time check's broadcast alone.
+        if trainer.fit_loop.epoch_loop.batch_progress.current.processed % trainer.accumulate_grad_batches:
+            return
+        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)

@@ -34,6 +34,7 @@ from torchvision.datasets.mnist import read_image_file, read_label_file
 from mnist_ddp.distributed import per_device_batch_size
 from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from mnist_ddp.model import NUM_CLASSES
+from mnist_ddp.sharding import ResumableDataLoader, ResumableDistributedSampler
 
 #: The four files of the original data set (http://yann.lecun.com/exdb/mnist/), uncompressed,
 #: as torchvision expects them in ``<data_dir>/MNIST/raw/``, by the role each plays.
@@ -364,6 +365,8 @@ class MNISTDataModule(L.LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
+        # Where a resumed epoch continues (load_state_dict), until the training loader is built.
+        self._train_position: dict | None = None
 
     def _split_files(self, split: str) -> tuple[Path, Path]:
         """The images and labels files of ``split`` (``"train"`` or ``"test"``)."""
@@ -415,16 +418,38 @@ class MNISTDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         # drop_last on the sampler: every rank gets the same number of samples, so no rank waits
         # in an AllReduce for a batch another rank never runs; at most world_size - 1 samples of
-        # the train split are left out of each epoch (a different few each epoch).
-        sampler = DistributedSampler(
+        # the train split are left out of each epoch (a different few each epoch). The loader's
+        # position in the epoch goes into checkpoints, so a resume continues at the next global
+        # batch, on any world size with this global batch (mnist_ddp.sharding).
+        sampler = ResumableDistributedSampler(
             self.train_set,
             num_replicas=self.trainer.world_size,
             rank=self.trainer.global_rank,
-            shuffle=True,
             seed=self.hparams.shuffle_seed,
-            drop_last=True,
         )
-        return self._loader(self.train_set, sampler)
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress
+        loader = ResumableDataLoader(
+            self.train_set,
+            sampler=sampler,
+            trained_batches=lambda: progress.current.processed,
+            global_batch_size=self.hparams.global_batch_size,
+            **self._loader_options(),
+        )
+        if self._train_position:
+            loader.load_state_dict(self._train_position)
+            self._train_position = None
+        return loader
+
+    def state_dict(self) -> dict:
+        # The training position, restored by load_state_dict before the loader exists. Lightning
+        # also saves the loader's state itself, but restores it only when the loader is built after
+        # the checkpoint's loops are loaded; a one-cycle schedule's length (configure_optimizers,
+        # Trainer.estimated_stepping_batches) builds it earlier, and Lightning's copy is never used.
+        loader = self.trainer.train_dataloader if self.trainer is not None else None
+        return {"train_position": loader.state_dict()} if isinstance(loader, ResumableDataLoader) else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._train_position = state_dict.get("train_position")
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader(self.val_set)
@@ -443,12 +468,13 @@ class MNISTDataModule(L.LightningDataModule):
         return self._loader(dataset, sampler)
 
     def _loader(self, dataset: Dataset, sampler: DistributedSampler) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=self.per_device_batch_size,
-            sampler=sampler,
+        return DataLoader(dataset, sampler=sampler, **self._loader_options())
+
+    def _loader_options(self) -> dict:
+        return {
+            "batch_size": self.per_device_batch_size,
             # The dataset returns whole batches (GatherDataset.__getitems__): nothing to stack.
-            collate_fn=default_convert,
-            num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
-        )
+            "collate_fn": default_convert,
+            "num_workers": self.hparams.num_workers,
+            "persistent_workers": self.hparams.num_workers > 0,
+        }

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -181,6 +182,13 @@ class MNISTClassifier(L.LightningModule):
         # for the check there, and restore the random generator state (see on_save_checkpoint).
         saved = [state.get("total_steps") for state in checkpoint.get("lr_schedulers", [])]
         self.resumed_schedule_steps = saved[0] if saved else None
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        if "combined_loader" not in fit_loop:
+            # Checkpoints of versions before mnist_ddp.sharding: written at epochs' ends only.
+            rank_zero_info(
+                f"The checkpoint holds no position inside an epoch (saved at the end of epoch {checkpoint['epoch']} "
+                "by an earlier version): training resumes at the start of the next epoch."
+            )
         rng = checkpoint.get("rng_state", {})
         if "torch" in rng:
             torch.set_rng_state(rng["torch"])

@@ -8,7 +8,7 @@ expands into several):
 1. the config is composed: unknown keys, wrong types, values outside a choice, unknown group
    options, required values (``???``) left unset;
 2. the objects that are cheap to build are built, so that their own checks run: DataModule,
-   model, strategy;
+   model, strategy, callbacks;
 3. the data-parallel layout is checked: device count (GPUs this machine has), the launcher's
    process count (torchrun, SLURM), global batch vs processes, options the devices cannot run
    (backend, SyncBatchNorm, precision);
@@ -31,7 +31,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException, InstantiationException, MissingConfigException
 from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from mnist_ddp.config import CONFIG_DIR, register_configs
@@ -127,6 +127,10 @@ def _compose(config_name: str, overrides: list[str], defaults: DictConfig, multi
     # Interpolations such as ${hydra:runtime.cwd} resolve against this job's Hydra config.
     HydraConfig.instance().set_config(cfg)
     output_dir = Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)
+    # What Hydra will set: ${paths.output_dir} in the callbacks' folders resolves as in the run.
+    with read_write(cfg.hydra.runtime):
+        cfg.hydra.runtime.output_dir = str(output_dir)
+    HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
     missing = missing_values(cfg)
@@ -198,7 +202,7 @@ def _describe(error: Exception, defaults: DictConfig) -> str:
 
 def check_job(cfg: DictConfig) -> None:
     """Build the cheap parts of one job and check its layout. Raises UsageError."""
-    for group in ("data", "model", "strategy"):
+    for group in ("data", "model", "strategy", "callbacks"):
         try:
             instantiate(cfg[group])
         except InstantiationException as error:
