@@ -16,7 +16,7 @@ import time
 
 import pytest
 import torch
-from conftest import REPO, cli_command, cli_env, run_cli
+from conftest import REPO, cli_command, cli_env, read_scalars, run_cli
 from test_ddp_failures import processes_mentioning
 
 # 1,000 training images over 2 processes in micro-batches of 32: 16 optimizer steps per epoch.
@@ -61,25 +61,37 @@ def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
 
     (run_dir,) = (log_dir / "runs").iterdir()
     stopped = re.search(rf"Stopped by {signum.name} in epoch 1 at global step (\d+)\. Last complete checkpoint: "
-                        r"(\S+)\. Resume with ckpt_path=(\S+) ", output)  # fmt: skip
+                        r"(\S+)\. Resume this run in place with: python -m mnist_ddp.train hydra.run.dir=(\S+) "
+                        r"ckpt_path=last\n", output)  # fmt: skip
     assert stopped, output[-3000:]
     assert SIGNAL_STEP <= int(stopped[1]) < 2 * STEPS_PER_EPOCH
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
-    assert stopped[2] == stopped[3] == str(checkpoint)
+    assert stopped[2] == str(checkpoint) and stopped[3] == str(run_dir)
     state = torch.load(checkpoint, weights_only=True)  # whole: it loads
     assert (state["epoch"], state["global_step"]) == (0, STEPS_PER_EPOCH)
 
     if signum == signal.SIGTERM and target == "parent":  # resumed once: the path is the same for each signal
+        # The command the message printed, in place: the run's own overrides are read from its directory.
         record = tmp_path / "resumed.jsonl"
         resumed = run_cli(
-            f"data.data_dir={synthetic_data_dir}", *RUN, f"ckpt_path={checkpoint}",
-            "+callbacks.probe._target_=probes.ElasticProbe", f"+callbacks.probe.record={record}",
-            "+callbacks.probe.kill_rank=-1", "+callbacks.probe.kill_step=-1", log_dir=tmp_path / "resumed",
+            f"hydra.run.dir={run_dir}", "ckpt_path=last", "+callbacks.probe._target_=probes.ElasticProbe",
+            f"+callbacks.probe.record={record}", "+callbacks.probe.kill_rank=-1", "+callbacks.probe.kill_step=-1",
+            log_dir=log_dir,
         )  # fmt: skip
         assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
         start = json.loads(record.read_text())
         assert (start["start_epoch"], start["start_step"]) == (1, STEPS_PER_EPOCH), "continues after epoch 0"
-        (resumed_dir,) = (tmp_path / "resumed" / "runs").iterdir()
-        final = torch.load(resumed_dir / "checkpoints" / "last.ckpt", weights_only=True)
+        assert [path.name for path in (log_dir / "runs").iterdir()] == [run_dir.name], "in the run's own directory"
+        final = torch.load(checkpoint, weights_only=True)
         assert (final["epoch"], final["global_step"]) == (3, 4 * STEPS_PER_EPOCH), "ends with the configured epochs"
-        assert (resumed_dir / "metrics.json").is_file()
+        assert json.loads((run_dir / "metrics.json").read_text())["status"] == "completed"
+        # One TensorBoard run whose every tag's steps increase strictly: the points the stopped run
+        # logged after its checkpoint were replaced, not duplicated (TensorBoard's purge_step).
+        # ("epoch" is logged again at the last step by the validation and test after fit, in any run.)
+        scalars = read_scalars(run_dir / "tensorboard", steps=True)
+        for tag, points in scalars.items():
+            steps = [step for step, _ in points]
+            assert steps == sorted(steps if tag == "epoch" else set(steps)), f"{tag}: {steps}"
+        assert len(scalars["val/acc"]) == 4 + 1, "4 epochs and the best checkpoint's"
+        log_text = (run_dir / "train.log").read_text()
+        assert "Stopped by SIGTERM" in log_text and "Test accuracy" in log_text, "both runs in the run's train.log"

@@ -161,3 +161,15 @@ def test_a_checkpoint_without_a_data_position_resumes_at_the_next_epoch(runs, tm
     ]
     for key, value in params(full).items():
         assert torch.equal(params(resumed)[key], value), key
+
+
+def test_a_resume_in_place_that_would_change_the_runs_arithmetic_is_refused(runs, tmp_path):
+    run_dir = killed(runs, "killed2", 2, KILL_2).parent.parent
+    before = {path: path.stat().st_mtime_ns for path in run_dir.rglob("*")}
+    result = run_cli(f"hydra.run.dir={run_dir}", "ckpt_path=last", "data.global_batch_size=96", log_dir=tmp_path)
+    assert result.returncode == 1 and result.stderr == (
+        f"Error: data.global_batch_size=96: the run in {run_dir} has data.global_batch_size=48, and a resume in place "
+        "continues that run. Leave data.global_batch_size out to resume it, or start a new run elsewhere (without "
+        "hydra.run.dir and ckpt_path=last).\n"
+    )
+    assert {path: path.stat().st_mtime_ns for path in run_dir.rglob("*")} == before, "nothing written"

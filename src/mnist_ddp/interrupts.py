@@ -67,7 +67,7 @@ class StopOnSignal(L.Callback):
     The handlers are installed when each Trainer stage starts (after Lightning registers its own,
     which it restores when the stage ends), and around the whole job by :func:`stop_on_signals`,
     which also logs, on global rank 0, the signal, the epoch and step, and the newest checkpoint
-    of the Trainer's checkpoint callbacks: ``ckpt_path=<it>`` resumes the run.
+    of the Trainer's checkpoint callbacks, and the command that resumes the run in place.
 
     Attributes:
         received: the signal that stopped the run, or None.
@@ -111,8 +111,8 @@ class StopOnSignal(L.Callback):
         if saved:
             newest = max(saved, key=lambda path: path.stat().st_mtime)
             log.warning(
-                f"Stopped by {where}. Last complete checkpoint: {newest}. Resume with ckpt_path={newest} "
-                "and this run's other overrides (its .hydra/overrides.yaml)."
+                f"Stopped by {where}. Last complete checkpoint: {newest}. Resume this run in place with: "
+                f"python -m mnist_ddp.train hydra.run.dir={trainer.default_root_dir} ckpt_path=last"
             )
         else:
             log.warning(f"Stopped by {where}, before any checkpoint was saved: start the run again.")

@@ -45,6 +45,7 @@ from mnist_ddp.distributed import (
 from mnist_ddp.errors import ConfigValueError, UsageError
 from mnist_ddp.job import launcher_rank, launcher_restarts
 from mnist_ddp.launch import check_rendezvous_address, launched_externally
+from mnist_ddp.resume import in_place_run_dir, resume_arguments
 from mnist_ddp.sweep_summary import failed_jobs
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
     """What ``python -m mnist_ddp.<train|eval>`` does.
 
     The command line is checked first: a bad one exits with status 1 and one line on stderr.
+    ``hydra.run.dir=<a run> ckpt_path=last`` is completed with that run's overrides
+    (:mod:`mnist_ddp.resume`).
     Then ``main`` (Hydra's entry point) runs the job(s); a job whose process failed exits with
     status 1 and its error, a sweep with a failed job with status 1 after its summary.
     """
@@ -64,6 +67,8 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
         # job's .hydra/ config, the others must not write it again at the same time.
         sys.argv.append("hydra.output_subdir=null")
     try:
+        if (run_dir := in_place_run_dir(sys.argv[1:])) is not None:
+            sys.argv = [sys.argv[0], *resume_arguments(run_dir, sys.argv[1:])]
         check_command_line(config_name, sys.argv[1:])
     except UsageError as error:
         print(f"Error: {error}", file=sys.stderr)

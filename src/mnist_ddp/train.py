@@ -25,6 +25,7 @@ from mnist_ddp.interrupts import stop_on_signals
 from mnist_ddp.job import METRICS_FILE, launcher_restarts, run_job
 from mnist_ddp.outputs import config_fingerprint, write_json
 from mnist_ddp.preflight import run_entry_point
+from mnist_ddp.resume import in_place_resume_step
 from mnist_ddp.run_summary import RunSummary
 from mnist_ddp.trainer import build_trainer, checkpoint_to_resume
 
@@ -80,7 +81,10 @@ def fit_and_test(cfg: DictConfig) -> dict:
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     model: L.LightningModule = instantiate(cfg.model)
-    trainer, layout = build_trainer(cfg, extra_callbacks=[run_summary])
+    # A resume in place continues the run's TensorBoard run: the points after its checkpoint go.
+    purge_step = in_place_resume_step(Path(cfg.paths.output_dir), cfg.ckpt_path)
+    logger_options = {} if purge_step is None else {"purge_step": purge_step}
+    trainer, layout = build_trainer(cfg, extra_callbacks=[run_summary], logger_options=logger_options)
     info(
         "Data parallel: world_size={world_size}, global batch {global_batch_size} = "
         "{per_device_batch_size} per device x {world_size} processes x {accumulate_grad_batches} "

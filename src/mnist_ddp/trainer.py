@@ -1,7 +1,8 @@
 """The DDP Trainer, built from the composed config, with the checks that must pass before launch."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 from hydra.utils import instantiate
@@ -12,9 +13,12 @@ from mnist_ddp.distributed import check_device_options, per_device_batch_size, r
 from mnist_ddp.job import launcher_restarts
 
 
-def build_trainer(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> tuple[L.Trainer, dict[str, int]]:
+def build_trainer(
+    cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = (), logger_options: Mapping[str, Any] | None = None
+) -> tuple[L.Trainer, dict[str, int]]:
     """Instantiate the Trainer with its strategy, logger and callbacks from ``cfg``, plus
-    ``extra_callbacks`` (those built from more than their own config node). With
+    ``extra_callbacks`` (those built from more than their own config node) and ``logger_options``
+    (arguments for the logger beyond its config, default none). With
     ``trainer.enable_progress_bar=false`` the progress bar callback is left out.
 
     Nothing is launched here: the DDP processes start in ``trainer.fit`` / ``trainer.test``.
@@ -38,7 +42,7 @@ def build_trainer(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -
         accelerator=accelerator,
         devices=devices,
         strategy=instantiate(cfg.strategy),
-        logger=instantiate(cfg.logger),
+        logger=instantiate(cfg.logger, **(logger_options or {})),
         callbacks=callbacks,
     )
     check_device_options(
