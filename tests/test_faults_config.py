@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import torch
 from conftest import REPO, cli_command, cli_env, run_cli, torchrun
 
 from mnist_ddp.errors import ConfigValueError, UsageError
-from mnist_ddp.launch import check_rendezvous_address
+from mnist_ddp.launch import check_rendezvous_address, run_dir_lock
 from mnist_ddp.preflight import check_command_line, check_output_dir
 
 QUICK = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "data.global_batch_size=64")
@@ -199,3 +200,37 @@ def test_a_new_run_into_the_directory_of_an_earlier_run_is_refused(synthetic_run
 def test_several_nodes_without_a_launcher_are_refused():
     with pytest.raises(ConfigValueError, match="trainer.num_nodes=2: a run on several machines needs a launcher"):
         check_command_line("config", ["trainer.accelerator=cpu", "trainer.num_nodes=2"])
+
+
+def test_a_master_addr_of_another_machine_is_refused():
+    # 192.0.2.1 (TEST-NET-1, RFC 5737) is never an address of this machine; nothing is sent to it.
+    with pytest.raises(ConfigValueError, match="MASTER_ADDR=192.0.2.1 is not an address of this machine"):
+        check_rendezvous_address({"MASTER_ADDR": "192.0.2.1"})
+    check_rendezvous_address({"MASTER_ADDR": "127.0.0.1"})
+
+
+def test_a_second_command_into_a_directory_in_use_is_refused(tmp_path):
+    # A real second process holds the directory, as a command started a moment earlier would.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_RUN_DIR, str(tmp_path)], cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        with pytest.raises(ConfigValueError, match=rf"{tmp_path} is in use by another run \(pid {holder.pid}\)"):
+            with run_dir_lock(tmp_path):
+                pass
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    with run_dir_lock(tmp_path):  # released when its holder ended, even by SIGKILL
+        assert (tmp_path / ".lock").read_text() == str(os.getpid())
+
+
+HOLD_RUN_DIR = """
+import sys, time
+from pathlib import Path
+from mnist_ddp.launch import run_dir_lock
+with run_dir_lock(Path(sys.argv[1])):
+    print("holding", flush=True)
+    time.sleep(600)
+"""

@@ -427,11 +427,11 @@ class MNISTDataModule(L.LightningDataModule):
             rank=self.trainer.global_rank,
             seed=self.hparams.shuffle_seed,
         )
-        progress = self.trainer.fit_loop.epoch_loop.batch_progress
         loader = ResumableDataLoader(
             self.train_set,
             sampler=sampler,
-            trained_batches=lambda: progress.current.processed,
+            # Lightning's count of this epoch's batches, read when a checkpoint is saved.
+            trained_batches=lambda: self.trainer.fit_loop.epoch_loop.batch_progress.current.processed,
             global_batch_size=self.hparams.global_batch_size,
             **self._loader_options(),
         )

@@ -21,8 +21,8 @@ from lightning.pytorch.utilities import rank_zero_only
 
 log = logging.getLogger(__name__)
 
-#: The signals a run stops on.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: The signals a run stops on: Ctrl-C, kill / a scheduler, a closed terminal or ssh session.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 #: The open file into which a stop signal first writes every thread's stack (see
 #: :func:`dump_stacks_on_stop_signals`), or None. Module-level: Lightning replaces signal handlers at

@@ -33,6 +33,7 @@ from mnist_ddp.launch import (
     launch,
     launched_externally,
     remove_stacks,
+    run_dir_lock,
     write_job_file,
 )
 from mnist_ddp.outputs import write_json
@@ -70,38 +71,51 @@ def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig, before_launch: 
     if launched_externally():
         metrics = task(cfg)
     else:
-        before_launch(cfg)
-        # Run with python -m, the entry point's module is __main__; the workers import it by its name.
-        module = task.__module__ if task.__module__ != "__main__" else sys.modules["__main__"].__spec__.name
-        job_file = write_job_file(run_dir, f"{module}:{task.__name__}", cfg, HydraConfig.get().job_logging)
-        nproc = processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices)
-        try:
-            launch(job_file, nproc, cfg.launcher.rendezvous_timeout, cfg.launcher.shutdown_timeout)
-        except JobInterrupted as stopped:
-            remove_stacks(run_dir)
-            log.warning(f"Run {run_dir} {stopped}: every process has ended.")
-            sys.exit(128 + stopped.signum)
-        except JobFailedError as failed:
-            hangs = collect_stacks(run_dir, failed)
-            if hangs:
-                log.error(
-                    f"A collective timed out after strategy.timeout. Every rank's Python stack: "
-                    f"{', '.join(str(path) for path in hangs)} (the rank that was not waiting in the collective "
-                    "is the one to look at)."
-                )
-            record = {"status": "failed", "rank": failed.rank, "error": failed.error, "overrides": overrides}
-            if HydraConfig.get().mode != RunMode.MULTIRUN:
-                write_json(run_dir / METRICS_FILE, record)
-                raise
-            log.error(f"Job {run_dir} failed: {failed}. The sweep goes on with the next job.")
-            write_json(run_dir / METRICS_FILE, record)
-            return record
-        remove_stacks(run_dir)
-        metrics = json.loads((run_dir / METRICS_FILE).read_text())
+        with run_dir_lock(run_dir):
+            metrics = supervise(task, cfg, before_launch)
+        if metrics.get("status") == "failed":  # a failed job of a sweep: recorded as it is
+            return {**metrics, "overrides": overrides}
     metrics = {"status": "completed", "overrides": overrides, **metrics}
     if rank_zero_only.rank == 0:
         write_json(run_dir / METRICS_FILE, metrics)
     return metrics
+
+
+def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig, before_launch: Callable[[DictConfig], None]) -> dict:
+    """:func:`run_job` on this machine: prepare, write the job file, run the workers, and read
+    rank 0's metrics; a failure or a stop is recorded in ``metrics.json`` (see :func:`run_job`)."""
+    run_dir, overrides = Path(cfg.paths.output_dir), list(HydraConfig.get().overrides.task)
+    before_launch(cfg)
+    # Run with python -m, the entry point's module is __main__; the workers import it by its name.
+    module = task.__module__ if task.__module__ != "__main__" else sys.modules["__main__"].__spec__.name
+    job_file = write_job_file(run_dir, f"{module}:{task.__name__}", cfg, HydraConfig.get().job_logging)
+    try:
+        launch(
+            job_file,
+            processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices),
+            cfg.launcher.rendezvous_timeout,
+            cfg.launcher.shutdown_timeout,
+        )
+    except JobInterrupted as stopped:
+        remove_stacks(run_dir)
+        write_json(run_dir / METRICS_FILE, {"status": "stopped", "signal": stopped.signum.name, "overrides": overrides})
+        log.warning(f"Run {run_dir} {stopped}: every process has ended.")
+        sys.exit(128 + stopped.signum)
+    except JobFailedError as failed:
+        if hangs := collect_stacks(run_dir, failed):
+            log.error(
+                f"A collective timed out after strategy.timeout. Every rank's Python stack: "
+                f"{', '.join(str(path) for path in hangs)} (the rank that was not waiting in the collective "
+                "is the one to look at)."
+            )
+        record = {"status": "failed", "rank": failed.rank, "error": failed.error, "overrides": overrides}
+        write_json(run_dir / METRICS_FILE, record)
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            raise
+        log.error(f"Job {run_dir} failed: {failed}. The sweep goes on with the next job.")
+        return record
+    remove_stacks(run_dir)
+    return json.loads((run_dir / METRICS_FILE).read_text())
 
 
 def run_stamp() -> str:

@@ -22,6 +22,7 @@ process runs the job itself (:func:`launched_externally`).
 """
 
 import errno
+import fcntl
 import logging
 import os
 import re
@@ -31,6 +32,8 @@ import socket
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 
@@ -38,11 +41,10 @@ from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElastic
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mnist_ddp.errors import ConfigValueError, JobFailedError
+from mnist_ddp.worker import SUPERVISOR_ENV
 
 log = logging.getLogger(__name__)
 
-#: Set in each worker's environment: the supervisor's pid (the worker checks it is still alive).
-SUPERVISOR_ENV = "MNIST_DDP_SUPERVISOR_PID"
 #: The job file in the run directory: what every worker runs, with the config resolved.
 JOB_FILE = Path(".hydra") / "job.yaml"
 #: Where in the run directory each worker writes its stacks when it is stopped (``rank<r>.txt``).
@@ -88,12 +90,21 @@ def check_rendezvous_address(environ: os._Environ | dict = os.environ) -> None:
     address, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
     if address:
         try:
-            socket.getaddrinfo(address, None)
+            family, _, _, _, socket_address = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)[0]
         except socket.gaierror as error:
             raise ConfigValueError(
                 f"MASTER_ADDR={address} does not resolve ({error.strerror}): unset it (a run on one machine "
                 "needs none) or set it to this machine's address."
             ) from None
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:  # the rendezvous store listens there: it must be an address of this machine
+                probe.bind((socket_address[0], 0))
+            except OSError:
+                raise ConfigValueError(
+                    f"MASTER_ADDR={address} is not an address of this machine, where the run's rendezvous "
+                    "listens: unset it (a run on one machine needs none), or use torchrun or SLURM to run on "
+                    "several machines."
+                ) from None
     if not port:
         return
     if not port.isdigit() or not 0 < int(port) < 65536:
@@ -111,6 +122,33 @@ def check_rendezvous_address(environ: os._Environ | dict = os.environ) -> None:
         ) from None
     finally:
         probe.close()
+
+
+@contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir`` for this job: a second command started into the same directory meanwhile
+    (the check for an earlier run cannot see a run that has not written anything yet) is refused.
+    An advisory lock (``flock``) on ``run_dir/.lock``, which the kernel releases when this process
+    ends, however it ends.
+
+    Raises:
+        ConfigValueError: when another process holds the directory.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            raise ConfigValueError(
+                f"{run_dir} is in use by another run (pid {lock.read().strip() or '?'}): start this one in another "
+                "directory, or wait for that one to end."
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
 
 
 def write_job_file(run_dir: Path, task: str, cfg: DictConfig, logging_config: DictConfig) -> Path:
@@ -224,7 +262,7 @@ def root_failure(failures: dict) -> tuple[int, object]:
         description = describe_failure(failure)
         if PEER_LOST_PATTERN.search(description):
             return 3
-        if description.startswith(("stopped by SIGINT", "stopped by SIGTERM", "killed by SIGINT", "killed by SIGTERM")):
+        if re.match(r"(stopped|killed) by SIG(INT|TERM|HUP)\b", description):
             return 2
         return 1 if description.startswith("killed by") else 0
 
@@ -238,7 +276,7 @@ def describe_failure(failure) -> str:
     ``stopped by SIGTERM (exit status 143)``)."""
     if failure.exitcode < 0:
         return f"killed by {failure.signal_name()} (exit status {failure.exitcode})"
-    if failure.exitcode - 128 in (signal.SIGINT, signal.SIGTERM):  # a worker's own stop: mnist_ddp.interrupts
+    if failure.exitcode - 128 in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a stop: mnist_ddp.interrupts
         return f"stopped by {signal.Signals(failure.exitcode - 128).name} (exit status {failure.exitcode})"
     message = failure.message
     if isinstance(message, dict):  # torch's ErrorHandler format: {"message": "...", "extraInfo": {...}}

@@ -19,6 +19,7 @@ import itertools
 import logging
 import os
 import re
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -68,11 +69,14 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
         sys.argv.append("hydra.output_subdir=null")
     try:
         if (run_dir := in_place_run_dir(sys.argv[1:])) is not None:
-            sys.argv = [sys.argv[0], *resume_arguments(run_dir, sys.argv[1:])]
+            # The run's .hydra/ (its config and overrides) stays as the run wrote it.
+            sys.argv = [sys.argv[0], *resume_arguments(run_dir, sys.argv[1:]), "hydra.output_subdir=null"]
         check_command_line(config_name, sys.argv[1:])
     except UsageError as error:
         print(f"Error: {error}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C while the command is being checked: nothing has started
+        sys.exit(128 + signal.SIGINT)
     main()
     if failed_jobs():
         sys.exit(1)
@@ -148,9 +152,10 @@ def _compose(config_name: str, overrides: list[str], defaults: DictConfig, multi
 
 
 def holds_a_run(folder: Path) -> bool:
-    """Whether ``folder`` is (or, for a sweep's folder, holds) the directory of an earlier run: its
-    config (``.hydra/config.yaml``), checkpoints or ``metrics.json``."""
-    marks = (".hydra/config.yaml", "checkpoints", "metrics.json", "multirun.yaml")
+    """Whether ``folder`` is (or, for a sweep's folder, holds) the directory of an earlier run with
+    results a new run would overwrite or mix with: checkpoints, ``metrics.json``, TensorBoard
+    events. (A run stopped before it wrote any is not one: starting again there is safe.)"""
+    marks = ("checkpoints", "metrics.json", "tensorboard")
     return any((folder / mark).exists() for mark in marks) or any(
         (job / mark).exists() for job in folder.glob("*/") for mark in marks
     )

@@ -33,13 +33,10 @@ import time
 import traceback
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from mnist_ddp.errors import UsageError
-from mnist_ddp.interrupts import dump_stacks_on_stop_signals
-from mnist_ddp.launch import PEER_LOST_PATTERN, STACKS_DIR, SUPERVISOR_ENV, TIMEOUT_PATTERN
-
 log = logging.getLogger(__name__)
+
+#: Set in each worker's environment by the supervisor: its pid.
+SUPERVISOR_ENV = "MNIST_DDP_SUPERVISOR_PID"
 
 #: ``prctl`` option: the signal this process gets when its parent dies (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
@@ -62,7 +59,7 @@ def end_with_supervisor() -> None:
 
 class TerminationWatchdog:
     """Ends the process with status 128 + the signal when it is still running ``grace`` seconds
-    after SIGINT or SIGTERM.
+    after SIGINT, SIGTERM or SIGHUP.
 
     Python runs a signal handler only between bytecodes of the main thread, so a process blocked in
     C++ (a collective, a rendezvous) would ignore the signal until that call times out. The
@@ -82,7 +79,7 @@ class TerminationWatchdog:
         threading.Thread(target=self._watch, name="termination-watchdog", daemon=True).start()
 
     def _watch(self) -> None:
-        while (signum := self._reader.recv(1)[0]) not in (signal.SIGINT, signal.SIGTERM):
+        while (signum := self._reader.recv(1)[0]) not in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             pass
         time.sleep(self.grace)
         log.error(
@@ -102,14 +99,29 @@ def write_stacks(path: Path, error: BaseException) -> None:
         faulthandler.dump_traceback(file, all_threads=True)
 
 
+def end_quietly_until_started() -> None:
+    """Until the run's own handlers are installed: SIGINT, SIGTERM and SIGHUP end this process at
+    once, with status 128 + the signal and no traceback (nothing is trained yet, nothing to save)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda number, frame: os._exit(128 + number))
+
+
 def main() -> None:
     """Run the job file's task in this process; see the module's docstring for how it ends."""
+    # First, before the imports of torch and Lightning (seconds): a supervisor killed meanwhile
+    # must take this process with it.
+    end_quietly_until_started()
+    end_with_supervisor()
+    from omegaconf import OmegaConf
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    from mnist_ddp.errors import UsageError
+    from mnist_ddp.interrupts import dump_stacks_on_stop_signals
+    from mnist_ddp.launch import PEER_LOST_PATTERN, STACKS_DIR, TIMEOUT_PATTERN
 
     job = OmegaConf.load(sys.argv[1])
     # The job's config as a root of its own: its interpolations (${seed}) resolve against it.
     config = OmegaConf.create(OmegaConf.to_container(job.config))
-    end_with_supervisor()
     logging.config.dictConfig(OmegaConf.to_container(job.logging))
     # Warnings go through logging: tagged with the rank, kept in the job's log file.
     logging.captureWarnings(True)
@@ -127,6 +139,8 @@ def main() -> None:
     except BaseException as error:  # noqa: B036 -- every way out is recorded for the supervisor
         if isinstance(error, UsageError):
             log.error(f"{type(error).__name__}: {error}")
+        elif TIMEOUT_PATTERN.search(str(error)):  # its traceback goes into hang-rank<r>.txt
+            log.error(f"Rank {rank} failed waiting for the other ranks: {type(error).__name__}: {error}")
         elif PEER_LOST_PATTERN.search(str(error)):
             log.error(f"Rank {rank} stopped: another process of the job ended ({type(error).__name__}: {error})")
         else:
