@@ -49,12 +49,10 @@ class Trial:
 TRIALS = [
     Trial("start-up", "sigkill"),
     Trial("setup", "raise", world_size=3),
-    Trial("train", "raise"),
     Trial("train", "sigkill", world_size=3),
-    Trial("train", "sigterm"),
     Trial("train", "sigkill_supervisor"),
     Trial("train", "sigterm_supervisor", world_size=3),
-    Trial("validation", "raise"),
+    Trial("validation", "sigterm"),
     Trial("checkpoint", "sigkill"),
     Trial("test", "raise", world_size=3),
     Trial("train", "raise", sweep=True),

@@ -130,19 +130,6 @@ def test_a_checkpoint_resumes_on_another_world_size_at_the_same_global_batch(run
         assert sorted(trained) == list(range(TRAIN_SIZE)), f"epoch {epoch}"
 
 
-def test_a_resume_with_another_global_batch_is_refused(runs):
-    checkpoint = killed(runs, "killed2", 2, KILL_2)
-    _, result = runs("refused", "trainer.devices=2", "data.global_batch_size=96", f"ckpt_path={checkpoint}", expect=1)
-    assert (
-        result.stdout.strip()
-        .splitlines()[-1]
-        .endswith(
-            "ConfigValueError: ckpt_path: the checkpoint was trained with data.global_batch_size=48, this run has 96: "
-            "resume with data.global_batch_size=48 (any trainer.devices that divides it)."
-        )
-    )
-
-
 def test_a_checkpoint_without_a_data_position_resumes_at_the_next_epoch(runs, tmp_path):
     # As the template wrote them before: at an epoch's end, without the position inside it.
     full, _ = runs("full", "trainer.devices=2")

@@ -134,7 +134,13 @@ def main() -> None:
     task = getattr(importlib.import_module(module), function)
     try:
         task(config)
-    except SystemExit:
+    except SystemExit as stopped:
+        if stopped.code in {128 + signum for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}:
+            # Stopped by a signal: Lightning has torn the run down and its logger flushed, and the
+            # stop is logged. The interpreter's own shutdown (torch, Lightning, threads) takes
+            # seconds on a busy machine, and the run must end within launcher.shutdown_timeout.
+            logging.shutdown()
+            os._exit(stopped.code)
         raise
     except BaseException as error:  # noqa: B036 -- every way out is recorded for the supervisor
         if isinstance(error, UsageError):
