@@ -62,7 +62,7 @@ def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig, before_launch: 
 
     Raises:
         JobFailedError: a process of a single run failed (every process has ended).
-        SystemExit: 128 + the signal when SIGINT or SIGTERM stopped the run (or the sweep).
+        SystemExit: 128 + the signal when SIGINT, SIGTERM or SIGHUP stopped the run (or the sweep).
     """
     run_dir = Path(cfg.paths.output_dir)
     overrides = list(HydraConfig.get().overrides.task)
@@ -74,7 +74,7 @@ def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig, before_launch: 
         with run_dir_lock(run_dir):
             metrics = supervise(task, cfg, before_launch)
         if metrics.get("status") == "failed":  # a failed job of a sweep: recorded as it is
-            return {**metrics, "overrides": overrides}
+            return metrics
     metrics = {"status": "completed", "overrides": overrides, **metrics}
     if rank_zero_only.rank == 0:
         write_json(run_dir / METRICS_FILE, metrics)
