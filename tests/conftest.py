@@ -196,6 +196,35 @@ def torchrun(*torchrun_args: str, overrides: tuple[str, ...], log_dir, timeout: 
     )
 
 
+def simulated_slurm(bin_dir: Path, job_id: str, ntasks: int) -> dict[str, str]:
+    """The environment of a SLURM batch job on one node, for running a batch script here.
+
+    SLURM cannot exist here, so ``bin_dir`` gets two stand-ins (put first on PATH): ``srun``, which
+    starts one task per ``SLURM_NTASKS`` with the variables srun gives each task, writes their pids
+    into ``bin_dir/tasks.pids`` and waits for them; and ``scontrol``, which appends its arguments
+    to ``bin_dir/scontrol.log``. Everything the tasks do (Lightning's SLURMEnvironment, gloo, the
+    run) is real. Returns :func:`cli_env` with the job's SLURM variables and that PATH.
+    """
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\n"
+        "pids=()\n"
+        "for ((task = 0; task < SLURM_NTASKS; task++)); do\n"
+        '  SLURM_PROCID=$task SLURM_LOCALID=$task SLURM_NODEID=0 SLURM_STEP_ID=0 "$@" & pids+=($!)\n'
+        "done\n"
+        f'echo "${{pids[@]}}" > {bin_dir / "tasks.pids"}\n'
+        'status=0; for pid in "${pids[@]}"; do wait "$pid" || status=$?; done; exit $status\n'
+    )
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> {bin_dir / "scontrol.log"}\n')
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    slurm = {"SLURM_JOB_ID": job_id, "SLURM_JOB_NAME": "mnist-ddp", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
+             "SLURM_NTASKS": str(ntasks), "SLURM_NTASKS_PER_NODE": str(ntasks), "SLURM_NODELIST": "127.0.0.1",
+             "SLURM_JOB_NODELIST": "127.0.0.1"}  # fmt: skip
+    env = {key: value for key, value in cli_env(**slurm).items() if key not in ("MASTER_ADDR", "MASTER_PORT")}
+    return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
+
+
 def read_scalars(event_dir: Path, steps: bool = False) -> dict[str, list]:
     """Every scalar tag in the TensorBoard event files of ``event_dir``, read with TensorBoard's own
     reader: its values, or ``(step, value)`` pairs with ``steps=True``."""

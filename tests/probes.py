@@ -221,3 +221,19 @@ class ValidationCounter(L.Callback):
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"val_rank{trainer.global_rank}_epoch{trainer.current_epoch}.json").write_text(str(self.count))
+
+
+class SignalTasks(L.Callback):
+    """As SLURM's ``--signal`` does before a time limit: at optimizer step ``step`` of global rank
+    ``rank``, sends ``signal`` to every task whose pid is in ``pid_file`` (this one included); the
+    others get it wherever they are. In the job's first run only (``SLURM_RESTART_COUNT`` unset or 0)."""
+
+    def __init__(self, pid_file: str, rank: int, step: int, signal: str = "SIGUSR1") -> None:
+        self.pid_file, self.rank, self.step, self.signal = Path(pid_file), rank, step, signal
+        self.first_run = int(os.environ.get("SLURM_RESTART_COUNT") or 0) == 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.first_run and trainer.global_rank == self.rank and trainer.global_step == self.step:
+            self.first_run = False
+            for pid in self.pid_file.read_text().split():
+                os.kill(int(pid), getattr(signal, self.signal))

@@ -10,14 +10,18 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
-from conftest import REPO, cli_env, read_scalars, torchrun
+from conftest import REPO, read_scalars, simulated_slurm, torchrun
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from omegaconf import open_dict
 
+from mnist_ddp.checkpoint_io import LastCheckpoint
 from mnist_ddp.config import CONFIG_DIR, register_configs
+from mnist_ddp.errors import ConfigValueError
+from mnist_ddp.interrupts import RequeueOnSlurmSignal
 from mnist_ddp.job import launcher_rank, run_stamp
 from mnist_ddp.trainer import build_trainer
 
@@ -63,25 +67,9 @@ def test_elastic_restart_resumes_from_the_latest_checkpoint_and_finishes(synthet
 
 
 def test_sbatch_script_runs_under_simulated_slurm(synthetic_data_dir, tmp_path):
-    # Stand-in for srun on one node: one task per SLURM_NTASKS, with the variables srun sets per task.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text(
-        "#!/bin/bash\n"
-        "pids=()\n"
-        "for ((task = 0; task < SLURM_NTASKS; task++)); do\n"
-        '  SLURM_PROCID=$task SLURM_LOCALID=$task SLURM_NODEID=0 SLURM_STEP_ID=0 "$@" & pids+=($!)\n'
-        "done\n"
-        'status=0; for pid in "${pids[@]}"; do wait "$pid" || status=$?; done; exit $status\n'
-    )
-    (bin_dir / "srun").chmod(0o755)
-    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "mnist-ddp", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
-             "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODELIST": "127.0.0.1",
-             "SLURM_JOB_NODELIST": "127.0.0.1"}  # fmt: skip
     # On CPU: the script's own knobs for CPU nodes; the rest is the script as users submit it.
     knobs = {"PYTHON": sys.executable, "ACCELERATOR": "cpu", "STRATEGY": "ddp", "DATA_DIR": str(synthetic_data_dir)}
-    env = {key: value for key, value in cli_env(**slurm, **knobs).items() if key not in ("MASTER_ADDR", "MASTER_PORT")}
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    env = {**simulated_slurm(tmp_path / "bin", job_id="4242", ntasks=2), **knobs}
     overrides = [f"paths.log_dir={tmp_path / 'logs'}", "trainer.max_epochs=1", "data.val_size=200",
                  "data.global_batch_size=64", "+callbacks.ranks._target_=probes.RankRecorder",
                  "+callbacks.ranks.out_dir=${paths.output_dir}/ranks"]  # fmt: skip
@@ -132,3 +120,15 @@ def test_slurm_variables_map_to_ranks_on_many_nodes(monkeypatch, tmp_path):
     assert (environment.main_address, environment.main_port) == ("gpu07", 15000 + 4567)
     assert layout["per_device_batch_size"] == 128 // 8
     assert os.environ["MASTER_ADDR"] == "gpu07", "exported by Lightning, removed by monkeypatch after the test"
+
+    # The requeue callback needs last.ckpt to save, and says so before training when it is gone.
+    (requeue,) = (callback for callback in trainer.callbacks if isinstance(callback, RequeueOnSlurmSignal))
+    trainer.callbacks = [callback for callback in trainer.callbacks if not isinstance(callback, LastCheckpoint)]
+    with pytest.raises(ConfigValueError, match="no callbacks.last_checkpoint: put it back"):
+        requeue.setup(trainer, None, "fit")
+    # Without scontrol the job is not requeued, and the message says how to resume by hand.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert RequeueOnSlurmSignal._requeue("/run/last.ckpt") == (
+        "scontrol requeue 1234567 failed (no scontrol on PATH): the job does not run again by itself; resume it "
+        "with ckpt_path=/run/last.ckpt."
+    )

@@ -6,15 +6,20 @@ OOM killer or a lost node would) at a seeded random step between two of those ch
 run is resumed from its ``last.ckpt`` through the real command line, and compared with the
 uninterrupted run: parameters, which samples were trained in each epoch (the sample recorder's
 ledger: each training sample exactly once per epoch across the kill and the resume), and the
-validation after the resume.
+validation after the resume. A SLURM requeue (its signal before a time limit, the requeue, the
+job's second run) runs ``slurm/train.sbatch`` under simulated ``srun`` and ``scontrol``
+(conftest.simulated_slurm): the cluster is the one thing simulated.
 """
 
 import json
 import random
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import DETERMINISTIC, TRAIN_SIZE, VAL_SIZE, read_scalars, run_cli
+from conftest import DETERMINISTIC, REPO, TRAIN_SIZE, VAL_SIZE, read_scalars, run_cli, simulated_slurm
 
 CHECKPOINT_EVERY = 5
 STEPS_PER_EPOCH = TRAIN_SIZE // 48  # 21
@@ -29,6 +34,8 @@ rng = random.Random(16)
 # In epoch 0 between the checkpoints of steps 10 and 15; in epoch 1 between 25 and 30.
 KILL_2 = rng.randrange(11, 15)
 KILL_4 = rng.randrange(26, 30)
+# SLURM's requeue signal: sent by rank 1 at its step REQUEUE_AT (epoch 0) to both tasks.
+REQUEUE_AT = rng.randrange(3, 17)
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +167,58 @@ def test_a_resume_in_place_that_would_change_the_runs_arithmetic_is_refused(runs
         "hydra.run.dir and ckpt_path=last).\n"
     )
     assert {path: path.stat().st_mtime_ns for path in run_dir.rglob("*")} == before, "nothing written"
+
+
+def test_a_slurm_requeue_saves_at_the_next_step_and_the_requeued_job_resumes_exactly(runs, noisy_data_dir, tmp_path):
+    full, _ = runs("full", "trainer.devices=2")
+    env = simulated_slurm(tmp_path / "bin", job_id="4242", ntasks=2)
+    # The script's knobs for CPU nodes (it sets trainer.accelerator itself); the rest as users submit it.
+    env |= {"PYTHON": sys.executable, "ACCELERATOR": "cpu", "STRATEGY": "ddp", "DATA_DIR": str(noisy_data_dir)}
+    overrides = [
+        f"paths.log_dir={tmp_path / 'logs'}", *(o for o in DETERMINISTIC if o != "trainer.accelerator=cpu"),
+        *EVERY_5_STEPS, "+callbacks.signal._target_=probes.SignalTasks",
+        f"+callbacks.signal.pid_file={tmp_path / 'bin' / 'tasks.pids'}", "+callbacks.signal.rank=1",
+        f"+callbacks.signal.step={REQUEUE_AT}",
+    ]  # fmt: skip
+
+    def sbatch(restart_count):  # the batch script as SLURM runs it: first, then after the requeue
+        return subprocess.run(
+            ["bash", str(REPO / "slurm" / "train.sbatch"), *overrides], cwd=tmp_path, capture_output=True, text=True,
+            env={**env, "SLURM_RESTART_COUNT": str(restart_count)}, timeout=600,
+        )  # fmt: skip
+
+    first = sbatch(0)
+    assert first.returncode == 128 + signal.SIGUSR1, first.stdout[-3000:] + first.stderr[-5000:]
+    run = tmp_path / "logs" / "runs" / "slurm-4242.0"
+    assert (tmp_path / "bin" / "scontrol.log").read_text() == "requeue 4242\n"
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    saved_step = state["global_step"]
+    # Rank 0 got the signal wherever it was in step REQUEUE_AT or the next: every rank saved at the
+    # next optimizer step after it had.
+    assert saved_step in (REQUEUE_AT + 1, REQUEUE_AT + 2) and state["epoch"] == 0
+    assert state["MNISTDataModule"]["train_position"]["samples"] == saved_step * 48
+    assert not list(run.glob("hpc_ckpt_*.ckpt")), "Lightning's own SIGUSR1 handler did not run"
+    assert (
+        f"SLURM's requeue signal SIGUSR1 in epoch 0 at global step {saved_step}: saved "
+        f"{run / 'checkpoints' / 'last.ckpt'}. Requeued SLURM job 4242 (scontrol requeue)"
+    ) in (run / "train.log").read_text()
+    # The first run trained no batch beyond its checkpoint: nothing to redo.
+    assert max(trained_steps(run, epoch=0)) == saved_step - 1
+
+    second = sbatch(1)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-5000:]
+    assert "Restart 1 of this job by its launcher" in (run / "train.log").read_text()
+    print(f"SLURM requeue signal at step {REQUEUE_AT}: saved at step {saved_step}, 0 steps redone")
+    for key, value in params(full).items():
+        assert torch.equal(params(run)[key], value), key
+    # Both runs of the job appended to the same ledger: each training sample exactly once per epoch.
+    for epoch in (0, 1):
+        assert sorted(ledger([(run, 2, 10**9)], epoch)) == list(range(TRAIN_SIZE)), f"epoch {epoch}"
+    assert sum(int((run / "samples" / f"val_rank{r}_epoch0.json").read_text()) for r in (0, 1)) == VAL_SIZE
+
+
+def trained_steps(run_dir, epoch):
+    """The optimizer steps of ``epoch`` that the sample recorder saw trained on any rank."""
+    for path in run_dir.glob(f"samples/rank*_epoch{epoch}.jsonl"):
+        for line in path.read_text().splitlines():
+            yield json.loads(line)["step"]

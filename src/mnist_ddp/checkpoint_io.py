@@ -182,6 +182,11 @@ class LastCheckpoint(ModelCheckpoint):
         # After Lightning's exclusivity check: the epoch-end trigger as well.
         self._every_n_epochs = 1
 
+    def save(self, trainer: L.Trainer) -> None:
+        """Write ``last.ckpt`` now: on every rank together, at an optimizer-step boundary (for a
+        save that another trigger decides, such as SLURM's requeue signal)."""
+        self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         # The same on every rank (equal batch counts), so no rank skips the time check's broadcast alone.
         if trainer.fit_loop.epoch_loop.batch_progress.current.processed % trainer.accumulate_grad_batches:

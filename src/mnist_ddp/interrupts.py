@@ -1,14 +1,18 @@
-"""Stopping a run from outside: Ctrl-C (SIGINT) and SIGTERM (``kill``, a scheduler's time limit).
+"""Stopping a run from outside: Ctrl-C (SIGINT), SIGTERM (``kill``, a scheduler's time limit),
+SIGHUP, and SLURM's notice before a preemption or time limit (its requeue signal).
 
 Every DDP process stops within seconds, the last complete checkpoint stays intact (checkpoints
 are written atomically, :mod:`mnist_ddp.checkpoint_io`), the log names it and how to resume, and
 the command exits with 128 + the signal number (130, 143), as a shell reports a process killed
-by a signal.
+by a signal. On SLURM's requeue signal the run first saves ``last.ckpt`` at an optimizer step and
+requeues its job, which resumes there exactly.
 """
 
 import faulthandler
 import logging
+import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +21,12 @@ from types import FrameType
 from typing import TextIO
 
 import lightning as L
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
+from typing_extensions import override
+
+from mnist_ddp.checkpoint_io import LastCheckpoint
+from mnist_ddp.errors import ConfigValueError
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +92,14 @@ class StopOnSignal(L.Callback):
         _register_stack_dump()  # signal.signal replaced it: in front again
 
     def _interrupt(self, signum: int, frame: FrameType | None) -> None:
+        self.stop(signum)
+
+    def stop(self, signum: int) -> None:
+        """Stop the run as ``signum`` does (from a handler, or code that decided to stop for it).
+
+        Raises:
+            KeyboardInterrupt: always: Lightning's path for a stop in every process.
+        """
         self.received = signal.Signals(signum)
         raise KeyboardInterrupt(self.received.name)
 
@@ -143,3 +160,99 @@ def stop_on_signals(trainer: L.Trainer) -> Iterator[None]:
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
         _register_stack_dump()
+
+
+class RequeueOnSlurmSignal(L.Callback):
+    """On SLURM's requeue signal, save ``last.ckpt`` at the next optimizer step, requeue the job, stop.
+
+    With ``#SBATCH --signal=SIGUSR1@90 --requeue`` SLURM signals every task 90 s before a time limit
+    or preemption. Lightning's own handler (SLURMEnvironment's ``auto_requeue``) saves
+    ``hpc_ckpt_<n>.ckpt`` inside the signal handler, which breaks an exact resume twice: it saves
+    wherever the main thread was (after a step's optimizer update but before Lightning counts the
+    batch done, the resume trains that batch again), and its save ends with a barrier over the
+    process group, which does not match another rank's gradient AllReduce when the signal lands
+    mid-step (the hang :class:`StopOnSignal` describes for SIGTERM). Here the handler only records
+    the signal. At each optimizer-step boundary global rank 0's record is broadcast, so every rank
+    saves at the same step: model, optimizer, loops and data position of an exact resume point, in
+    the run's ``last.ckpt`` (:class:`~mnist_ddp.checkpoint_io.LastCheckpoint`). Global rank 0 then
+    runs ``scontrol requeue <job id>`` (Lightning's command, array jobs included); every rank stops as
+    on a stop signal (exit status 128 + the signal), and the requeued job resumes from that
+    checkpoint (:func:`mnist_ddp.trainer.checkpoint_to_resume`).
+
+    Active under SLURM when the cluster environment's ``auto_requeue`` is on (Lightning's default;
+    its ``requeue_signal``, default SIGUSR1, is the signal). It then costs one broadcast of a bool
+    per optimizer step; elsewhere nothing. A signal during validation is acted on at the next
+    training step; one after the last training step changes nothing (the job ends by itself). The
+    handler, once installed, stays for the process's life: SIGUSR1's default action ends a process.
+
+    Raises:
+        ConfigValueError: at setup when active and the run has no
+            :class:`~mnist_ddp.checkpoint_io.LastCheckpoint` (``callbacks.last_checkpoint``) to save.
+    """
+
+    def __init__(self) -> None:
+        self.signal: signal.Signals | None = None
+        self.received = False
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        environment = trainer.strategy.cluster_environment
+        if self.signal is None and isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+            if self._last_checkpoint(trainer) is None:
+                raise ConfigValueError(
+                    "callbacks.requeue_on_slurm_signal saves last.ckpt on SLURM's requeue signal, and the run has "
+                    "no callbacks.last_checkpoint: put it back, or also remove callbacks.requeue_on_slurm_signal."
+                )
+            # Before Lightning registers its own handlers (after the setup hooks): it leaves a
+            # signal that already has a handler alone.
+            self.signal = signal.Signals(environment.requeue_signal)
+            signal.signal(self.signal, self._record)
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        self.received = True
+
+    @staticmethod
+    def _last_checkpoint(trainer: L.Trainer) -> LastCheckpoint | None:
+        return next((callback for callback in trainer.callbacks if isinstance(callback, LastCheckpoint)), None)
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args, **kwargs) -> None:
+        if self.signal is None:
+            return
+        if trainer.fit_loop.epoch_loop.batch_progress.current.processed % trainer.accumulate_grad_batches:
+            return  # between accumulated micro-batches, whose gradients no checkpoint holds
+        if not trainer.strategy.broadcast(self.received):
+            return
+        last = self._last_checkpoint(trainer)
+        last.save(trainer)
+        where = f"{self.signal.name} in epoch {trainer.current_epoch} at global step {trainer.global_step}"
+        if trainer.is_global_zero:
+            log.warning(
+                f"SLURM's requeue signal {where}: saved {last.best_model_path}. {self._requeue(last.best_model_path)}"
+            )
+        trainer.strategy.barrier("requeue")  # no rank ends (which may end the job step) before the requeue
+        stopper = next((callback for callback in trainer.callbacks if isinstance(callback, StopOnSignal)), None)
+        if stopper is None:
+            raise KeyboardInterrupt(self.signal.name)
+        stopper.stop(self.signal)
+
+    @staticmethod
+    def _requeue(checkpoint: str) -> str:
+        """Run ``scontrol requeue`` for this job; say what happened, and how to resume from ``checkpoint``
+        if the job was not requeued."""
+        if "SLURM_ARRAY_JOB_ID" in os.environ:
+            job_id = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+        else:
+            job_id = os.environ["SLURM_JOB_ID"]
+        try:
+            status = subprocess.run(["scontrol", "requeue", job_id], check=False).returncode
+        except FileNotFoundError:
+            status = None
+        if status == 0:
+            return (
+                f"Requeued SLURM job {job_id} (scontrol requeue): it resumes from this checkpoint when it runs again."
+            )
+        return (
+            f"scontrol requeue {job_id} failed ({'no scontrol on PATH' if status is None else f'status {status}'}): "
+            f"the job does not run again by itself; resume it with ckpt_path={checkpoint}."
+        )
