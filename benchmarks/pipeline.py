@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 from torchvision import transforms
 from torchvision.datasets import MNIST
 
-from mnist_ddp.data import MNIST_MEAN, MNIST_STD, MNISTDataModule
+from mnist_ddp.data.datamodule import MNIST_MEAN, MNIST_STD, MNISTDataModule
 
 PER_DEVICE_BATCH = 32
 PASSES = 5

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.pipeline import measure_input_pipelines
-from mnist_ddp.data import ensure_mnist_files
+from mnist_ddp.data.idx import ensure_mnist_files
 
 REPO = Path(__file__).resolve().parents[1]
 #: Test accuracy the fast recipe must reach after its one epoch (issue 7's target).

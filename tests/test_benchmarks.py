@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 
 from benchmarks.reference_ddp import make_model
 from benchmarks.run import README_END, README_START
-from mnist_ddp.config import CONFIG_DIR, register_configs
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 
 STEPS = 4  # optimizer steps per run in the smoke test
 GLOBAL_BATCH = 64  # the fast recipe's

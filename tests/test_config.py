@@ -8,8 +8,8 @@ from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import open_dict
 from omegaconf.errors import ValidationError
 
-from mnist_ddp.config import CONFIG_DIR, register_configs
-from mnist_ddp.trainer import build_trainer
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.cli.trainer import build_trainer
 
 register_configs()
 
@@ -24,7 +24,7 @@ def test_default_config_composes_every_group():
     assert set(cfg) >= {"data", "model", "trainer", "strategy", "logger", "callbacks", "paths", "seed"}
     assert cfg.data.global_batch_size == 128
     assert cfg.trainer.devices == "auto" and cfg.trainer.use_distributed_sampler is False
-    assert cfg.strategy._target_ == "mnist_ddp.strategy.CommHookDDPStrategy"
+    assert cfg.strategy._target_ == "mnist_ddp.distributed.strategy.CommHookDDPStrategy"
     assert cfg.callbacks.model_checkpoint.monitor == "val/acc"
 
 

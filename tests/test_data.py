@@ -21,7 +21,8 @@ import pytest
 import torch
 from torchvision.datasets import MNIST
 
-from mnist_ddp.data import MNIST_FILES, MNIST_MEAN, MNIST_STD, MNISTDataModule
+from mnist_ddp.data.datamodule import MNIST_MEAN, MNIST_STD, MNISTDataModule
+from mnist_ddp.data.idx import MNIST_FILES
 from mnist_ddp.errors import ConfigValueError, DataNotAvailableError
 
 VAL_SIZE = 150  # of 1,200 synthetic training images; divides by neither 7 nor 8

@@ -20,10 +20,11 @@ from hydra.utils import instantiate
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.mnist import read_image_file
 
-from mnist_ddp.config import CONFIG_DIR, register_configs
-from mnist_ddp.data import MNISTDataModule, import_class
+from mnist_ddp.cli.preflight import check_command_line
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.data.datamodule import MNISTDataModule
+from mnist_ddp.data.idx import import_class
 from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError, UsageError
-from mnist_ddp.preflight import check_command_line
 
 register_configs()
 
@@ -152,7 +153,7 @@ def test_a_download_that_names_no_class_is_refused(tmp_path, download):
 
 def test_fashion_mnist_is_a_config_file_over_the_same_datamodule():
     cfg = compose_config("data=fashion_mnist")
-    assert cfg.data._target_ == "mnist_ddp.data.MNISTDataModule"
+    assert cfg.data._target_ == "mnist_ddp.data.datamodule.MNISTDataModule"
     assert cfg.data.class_names == FashionMNIST.classes
     assert import_class(cfg.data.download) is FashionMNIST
     # torchvision downloads into <root>/FashionMNIST/raw, which is where the DataModule reads.

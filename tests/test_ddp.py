@@ -31,8 +31,8 @@ from conftest import (
     read_scalars,
 )  # fmt: skip
 
-from mnist_ddp.data import MNISTDataModule
-from mnist_ddp.model import CNN
+from mnist_ddp.data.datamodule import MNISTDataModule
+from mnist_ddp.models.networks import CNN
 
 # Float32 parameters after 42 SGD steps: AllReduce sums gradients in another order than one
 # process does, so replicas and the single process agree to rounding, not bit for bit.

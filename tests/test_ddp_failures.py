@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import REPO, cli_command, cli_env, read_scalars, run_cli
 
-from mnist_ddp.checkpoint_io import AtomicCheckpointIO
-from mnist_ddp.distributed import check_device_options
+from mnist_ddp.distributed.checkpoint_io import AtomicCheckpointIO
+from mnist_ddp.distributed.layout import check_device_options
 from mnist_ddp.errors import ConfigValueError
 
 QUICK = (
@@ -134,7 +134,7 @@ def test_a_killed_rank_ends_the_job_within_10_seconds_and_the_last_checkpoint_su
 # before B replaces A: certain timing, where a real kill would land anywhere in the save.
 SAVE_THEN_HANG = """
 import os, sys, time, torch
-from mnist_ddp.checkpoint_io import AtomicCheckpointIO
+from mnist_ddp.distributed.checkpoint_io import AtomicCheckpointIO
 checkpoint_io = AtomicCheckpointIO()
 checkpoint_io.save_checkpoint({"weights": torch.ones(1_000_000)}, sys.argv[1])
 os.fsync = lambda fd: (print("B written", flush=True), time.sleep(600))

@@ -16,8 +16,8 @@ from conftest import ranks_in_log, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from mnist_ddp.checkpoint_io import check_checkpoint
-from mnist_ddp.config import CONFIG_DIR, register_configs
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.errors import CheckpointError
 
 register_configs()

@@ -19,9 +19,9 @@ import pytest
 import torch
 from conftest import REPO, cli_command, cli_env, run_cli, torchrun
 
+from mnist_ddp.cli.preflight import check_command_line, check_output_dir
+from mnist_ddp.distributed.launch import check_rendezvous_address, run_dir_lock
 from mnist_ddp.errors import ConfigValueError, UsageError
-from mnist_ddp.launch import check_rendezvous_address, run_dir_lock
-from mnist_ddp.preflight import check_command_line, check_output_dir
 
 QUICK = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "data.global_batch_size=64")
 
@@ -149,11 +149,10 @@ def test_a_preset_setting_an_argument_the_other_model_lacks_names_it_and_the_fix
     # experiment=fast sets model.net.batch_norm for the CNN; the MLP has no such argument.
     with pytest.raises(UsageError) as error:
         check_command_line("config", ["trainer.accelerator=cpu", "experiment=fast", "model=mlp"])
-    assert str(error.value) == (
-        "model: MLP.__init__() got an unexpected keyword argument 'batch_norm'. model.net.batch_norm is set (on "
-        "the command line or by a preset such as experiment=...), and mnist_ddp.model.MLP does not take it: drop "
-        "it with ~model.net.batch_norm"
-    )
+    message = str(error.value)
+    for fragment in ("model.net.batch_norm is set", "mnist_ddp.models.networks.MLP does not take it",
+                     "drop it with ~model.net.batch_norm"):  # fmt: skip
+        assert fragment in message, message
     check_command_line("config", ["trainer.accelerator=cpu", "experiment=fast", "model=mlp", "~model.net.batch_norm"])
 
 
@@ -229,7 +228,7 @@ def test_a_second_command_into_a_directory_in_use_is_refused(tmp_path):
 HOLD_RUN_DIR = """
 import sys, time
 from pathlib import Path
-from mnist_ddp.launch import run_dir_lock
+from mnist_ddp.distributed.launch import run_dir_lock
 with run_dir_lock(Path(sys.argv[1])):
     print("holding", flush=True)
     time.sleep(600)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import ranks_in_log, run_cli, write_idx
 
-from mnist_ddp.data import MNISTDataModule
+from mnist_ddp.data.datamodule import MNISTDataModule
 from mnist_ddp.errors import DataFormatError
 
 TRAIN_IMAGES, TRAIN_LABELS = "train-images-idx3-ubyte", "train-labels-idx1-ubyte"

@@ -4,6 +4,8 @@ sweeps, presets, eval, resume, refused command lines, and an Optuna search."""
 import csv
 import json
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,8 +14,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
+from mnist_ddp.cli.preflight import check_command_line
+from mnist_ddp.cli.schema import MOVED_CLASSES, MOVED_MODULES
 from mnist_ddp.errors import UsageError
-from mnist_ddp.preflight import check_command_line
 
 # 2 gloo processes, 1,000 synthetic training images, 200 for validation.
 BASE = ("trainer.accelerator=cpu", "trainer.devices=2", "data.val_size=200", "data.global_batch_size=64")
@@ -124,9 +127,22 @@ def test_one_job_writes_config_once_one_rank_tagged_log_and_metrics(trained):
 def test_eval_reports_the_training_runs_test_metrics_with_two_processes(trained, synthetic_data_dir, tmp_path):
     run, _ = trained
     expected = json.loads((run / "metrics.json").read_text())
+    # The run as version 0.1 saved it: its config names the modules of the flat layout.
+    old_run = tmp_path / "old_run"
+    shutil.copytree(run / ".hydra", old_run / ".hydra")
+    shutil.copytree(run / "checkpoints", old_run / "checkpoints")
+    old_paths = {new: old for old, new in (*MOVED_MODULES.items(), *MOVED_CLASSES.items())}
+    config = (old_run / ".hydra" / "config.yaml").read_text()
+    for target in sorted(set(re.findall(r"_target_: (mnist_ddp\.\S+)", config))):
+        module, _, name = target.rpartition(".")
+        old = old_paths.get(target) or (f"{old_paths[module]}.{name}" if module in old_paths else target)
+        config = config.replace(f"_target_: {target}\n", f"_target_: {old}\n")
+    assert "_target_: mnist_ddp.model.CNN\n" in config and "_target_: mnist_ddp.model.MNISTClassifier\n" in config
+    (old_run / ".hydra" / "config.yaml").write_text(config)
+    checkpoint = old_run / "checkpoints" / Path(expected["checkpoint"]).name
     result = run_cli(
         f"data.data_dir={synthetic_data_dir}", "trainer.accelerator=cpu", "trainer.devices=2",
-        "data.global_batch_size=64", f"ckpt_path={expected['checkpoint']}", log_dir=tmp_path, module="mnist_ddp.eval",
+        "data.global_batch_size=64", f"ckpt_path={checkpoint}", log_dir=tmp_path, module="mnist_ddp.eval",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     evaluation = only(tmp_path / "evals")

@@ -18,12 +18,12 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from omegaconf import open_dict
 
-from mnist_ddp.checkpoint_io import LastCheckpoint
-from mnist_ddp.config import CONFIG_DIR, register_configs
+from mnist_ddp.callbacks.signals import RequeueOnSlurmSignal
+from mnist_ddp.cli.job import launcher_rank, run_stamp
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.cli.trainer import build_trainer
+from mnist_ddp.distributed.checkpoint_io import LastCheckpoint
 from mnist_ddp.errors import ConfigValueError
-from mnist_ddp.interrupts import RequeueOnSlurmSignal
-from mnist_ddp.job import launcher_rank, run_stamp
-from mnist_ddp.trainer import build_trainer
 
 # 1,000 training images, 500 per rank in micro-batches of 32: 16 optimizer steps per epoch.
 SMALL = ("trainer.accelerator=cpu", "data.val_size=200", "data.global_batch_size=64")

@@ -6,8 +6,8 @@ import torch
 from conftest import fit_and_test_in_process
 from hydra import compose, initialize_config_dir
 
-from mnist_ddp.config import CONFIG_DIR, register_configs
-from mnist_ddp.model import MLP
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.models.networks import MLP
 
 register_configs()
 
@@ -23,7 +23,7 @@ def test_model_mlp_trains_through_the_same_datamodule_and_module(synthetic_data_
         cfg = compose(config_name="config", overrides=[
             "model=mlp", f"data.data_dir={synthetic_data_dir}", "data.val_size=200", "data.global_batch_size=32",
         ])  # fmt: skip
-    assert cfg.model.net._target_ == "mnist_ddp.model.MLP"
+    assert cfg.model.net._target_ == "mnist_ddp.models.networks.MLP"
     _, test = fit_and_test_in_process(cfg, tmp_path)
     # The synthetic digits are bright patches whose position is the class; 2% of test labels are noise.
     assert test["test/acc"] >= 0.9, test

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mnist_ddp import throughput
+from mnist_ddp.callbacks import throughput
 
 # The synthetic run (conftest.synthetic_run): 1,200 - 200 = 1,000 training images, 500 per rank in
 # micro-batches of 32, so 16 optimizer steps per epoch; 2 epochs; 300 test images; logged every 10 steps.

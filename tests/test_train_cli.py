@@ -14,7 +14,7 @@ import yaml
 from conftest import ranks_in_log, read_scalars, run_cli
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from mnist_ddp.job import RankZeroWarningsFilter
+from mnist_ddp.cli.job import RankZeroWarningsFilter
 
 TAGS = {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "train/lr"}
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from torchvision.datasets import MNIST
 
-from mnist_ddp.data import ensure_mnist_files
+from mnist_ddp.data.idx import ensure_mnist_files
 from mnist_ddp.errors import DataNotAvailableError
 
 

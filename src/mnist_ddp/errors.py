@@ -38,7 +38,7 @@ class DataFormatError(UsageError, ValueError):
 
 
 class JobFailedError(Exception):
-    """A process of a job failed (see :func:`mnist_ddp.launch.launch`); every process has ended.
+    """A process of a job failed (see :func:`mnist_ddp.distributed.launch.launch`); every process has ended.
 
     Attributes:
         rank: the global rank that failed first.

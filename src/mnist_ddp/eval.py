@@ -15,15 +15,15 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from mnist_ddp.checkpoint_io import check_checkpoint
-from mnist_ddp.config import CONFIG_DIR, register_configs
+from mnist_ddp.callbacks.signals import stop_on_signals
+from mnist_ddp.cli.job import METRICS_FILE, run_job
+from mnist_ddp.cli.outputs import write_json
+from mnist_ddp.cli.preflight import run_entry_point
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs, upgrade_targets
+from mnist_ddp.cli.trainer import build_trainer
+from mnist_ddp.distributed.checkpoint_io import check_checkpoint
+from mnist_ddp.distributed.host_memory import keep_freed_host_memory
 from mnist_ddp.errors import exit_on_usage_error
-from mnist_ddp.host_memory import keep_freed_host_memory
-from mnist_ddp.interrupts import stop_on_signals
-from mnist_ddp.job import METRICS_FILE, run_job
-from mnist_ddp.outputs import write_json
-from mnist_ddp.preflight import run_entry_point
-from mnist_ddp.trainer import build_trainer
 
 log = logging.getLogger(__name__)
 info = rank_zero_only(log.info)
@@ -36,7 +36,7 @@ def model_config(cfg: DictConfig, checkpoint: Path) -> DictConfig:
     run_config = checkpoint.parent.parent / ".hydra" / "config.yaml"
     if run_config.is_file():
         info(f"Model config from the checkpoint's run: {run_config}")
-        return OmegaConf.load(run_config).model
+        return upgrade_targets(OmegaConf.load(run_config).model)
     info(f"No run config at {run_config}: using model={cfg.model.net._target_} from this command's config")
     return cfg.model
 
@@ -48,7 +48,7 @@ def main(cfg: DictConfig) -> float | None:
 
     Raises:
         CheckpointError: if ``ckpt_path`` is missing, unreadable, untrusted, or another model's
-            (see :func:`mnist_ddp.checkpoint_io.check_checkpoint`).
+            (see :func:`mnist_ddp.distributed.checkpoint_io.check_checkpoint`).
         JobFailedError: a process failed (reported as one line).
     """
     info(f"Run directory: {cfg.paths.output_dir}")

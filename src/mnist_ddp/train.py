@@ -1,7 +1,7 @@
 """Entry point: ``python -m mnist_ddp.train [key=value ...]`` (add ``-m`` for a sweep).
 
 Composes the config from ``conf/``, checks it, and runs each job on ``trainer.devices`` DDP
-processes (:func:`mnist_ddp.job.run_job`). Each process builds the DataModule, model, callbacks,
+processes (:func:`mnist_ddp.cli.job.run_job`). Each process builds the DataModule, model, callbacks,
 logger and DDP Trainer from the config, trains, then evaluates the best checkpoint on the
 validation split and on the official 10,000-image test set (:func:`fit_and_test`); global rank 0
 writes both to ``metrics.json`` in the run directory.
@@ -16,18 +16,18 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-from mnist_ddp.checkpoint_io import check_checkpoint
-from mnist_ddp.config import CONFIG_DIR, register_configs
-from mnist_ddp.distributed import LRScaling, scale_learning_rate
+from mnist_ddp.callbacks.run_summary import RunSummary
+from mnist_ddp.callbacks.signals import stop_on_signals
+from mnist_ddp.cli.job import METRICS_FILE, launcher_restarts, run_job
+from mnist_ddp.cli.outputs import config_fingerprint, write_json
+from mnist_ddp.cli.preflight import run_entry_point
+from mnist_ddp.cli.resume import in_place_resume_step
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.cli.trainer import build_trainer, checkpoint_to_resume
+from mnist_ddp.distributed.checkpoint_io import check_checkpoint
+from mnist_ddp.distributed.host_memory import keep_freed_host_memory
+from mnist_ddp.distributed.layout import LRScaling, scale_learning_rate
 from mnist_ddp.errors import exit_on_usage_error
-from mnist_ddp.host_memory import keep_freed_host_memory
-from mnist_ddp.interrupts import stop_on_signals
-from mnist_ddp.job import METRICS_FILE, launcher_restarts, run_job
-from mnist_ddp.outputs import config_fingerprint, write_json
-from mnist_ddp.preflight import run_entry_point
-from mnist_ddp.resume import in_place_resume_step
-from mnist_ddp.run_summary import RunSummary
-from mnist_ddp.trainer import build_trainer, checkpoint_to_resume
 
 log = logging.getLogger(__name__)
 # Every process runs this file; messages about the whole run come from global rank 0 only.

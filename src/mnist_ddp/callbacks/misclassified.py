@@ -5,8 +5,8 @@ import torch
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from mnist_ddp.figures import confusion_matrix_figure, digit_grid, tensorboard_writers
-from mnist_ddp.model import NUM_CLASSES
+from mnist_ddp.callbacks.figures import confusion_matrix_figure, digit_grid, tensorboard_writers
+from mnist_ddp.data.idx import NUM_CLASSES
 
 
 class MisclassificationReport(L.Callback):
@@ -24,7 +24,7 @@ class MisclassificationReport(L.Callback):
     ``test_step`` must return the predicted classes of its batch, ``(N,)`` int64, and batches
     must be ``(images (N, 1, 28, 28), labels (N,))``. Classes are titled and the images
     un-normalized with the DataModule's ``class_names`` and ``hparams.mean`` / ``hparams.std``
-    (:class:`~mnist_ddp.data.MNISTDataModule`).
+    (:class:`~mnist_ddp.data.datamodule.MNISTDataModule`).
 
     Args:
         max_images: most misclassified digits shown (default 64).

@@ -9,8 +9,8 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard.summary import hparams
 
-from mnist_ddp.figures import digit_grid, tensorboard_writers
-from mnist_ddp.trainer import data_parallel_layout
+from mnist_ddp.callbacks.figures import digit_grid, tensorboard_writers
+from mnist_ddp.cli.trainer import data_parallel_layout
 
 
 class RunSummary(L.Callback):

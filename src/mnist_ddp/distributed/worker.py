@@ -1,6 +1,6 @@
-"""One DDP process of a job that the supervisor started (:mod:`mnist_ddp.launch`).
+"""One DDP process of a job that the supervisor started (:mod:`mnist_ddp.distributed.launch`).
 
-``python -m mnist_ddp.worker <run dir>/.hydra/job.yaml``: torch's elastic agent starts one per
+``python -m mnist_ddp.distributed.worker <run dir>/.hydra/job.yaml``: torch's elastic agent starts one per
 device, with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, so
 Lightning sees a ``TorchElasticEnvironment`` and starts no process itself. The worker reads the
 job's config and logging config from the job file and runs the job's task
@@ -11,9 +11,9 @@ Every way a worker can end is bounded:
 - an exception is logged (``train.log``, with the rank) and recorded in torch's error file, which
   the supervisor reads to name the failure; exit status 1;
 - SIGINT / SIGTERM (from the supervisor, when the user stops the run or another worker failed)
-  stop it through Lightning's Ctrl-C path (:mod:`mnist_ddp.interrupts`); the signal first writes
+  stop it through Lightning's Ctrl-C path (:mod:`mnist_ddp.callbacks.signals`); the signal first writes
   every thread's Python stack to ``.stacks/rank<r>.txt`` in the run directory (kept when a
-  collective timed out: see :func:`mnist_ddp.launch.collect_stacks`), and a watchdog thread ends
+  collective timed out: see :func:`mnist_ddp.distributed.launch.collect_stacks`), and a watchdog thread ends
   the process after ``launcher.shutdown_timeout`` seconds if it is still blocked (in a collective,
   a rendezvous: C++ code where Python's signal handlers cannot run);
 - the supervisor's death (even SIGKILL) sends the worker SIGTERM (Linux ``PR_SET_PDEATHSIG``).
@@ -65,7 +65,7 @@ class TerminationWatchdog:
     C++ (a collective, a rendezvous) would ignore the signal until that call times out. The
     signal's number still reaches this thread at once, through ``signal.set_wakeup_fd``, which
     Python's C-level handler writes to whenever a Python-level handler is installed (the run's
-    :class:`~mnist_ddp.interrupts.StopOnSignal` handlers are).
+    :class:`~mnist_ddp.callbacks.signals.StopOnSignal` handlers are).
 
     Args:
         grace: seconds the process has to end by itself (``launcher.shutdown_timeout``).
@@ -115,9 +115,9 @@ def main() -> None:
     from omegaconf import OmegaConf
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
+    from mnist_ddp.callbacks.signals import dump_stacks_on_stop_signals
+    from mnist_ddp.distributed.launch import PEER_LOST_PATTERN, STACKS_DIR, TIMEOUT_PATTERN
     from mnist_ddp.errors import UsageError
-    from mnist_ddp.interrupts import dump_stacks_on_stop_signals
-    from mnist_ddp.launch import PEER_LOST_PATTERN, STACKS_DIR, TIMEOUT_PATTERN
 
     job = OmegaConf.load(sys.argv[1])
     # The job's config as a root of its own: its interpolations (${seed}) resolve against it.

@@ -2,7 +2,7 @@
 SIGHUP, and SLURM's notice before a preemption or time limit (its requeue signal).
 
 Every DDP process stops within seconds, the last complete checkpoint stays intact (checkpoints
-are written atomically, :mod:`mnist_ddp.checkpoint_io`), the log names it and how to resume, and
+are written atomically, :mod:`mnist_ddp.distributed.checkpoint_io`), the log names it and how to resume, and
 the command exits with 128 + the signal number (130, 143), as a shell reports a process killed
 by a signal. On SLURM's requeue signal the run first saves ``last.ckpt`` at an optimizer step and
 requeues its job, which resumes there exactly.
@@ -25,7 +25,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
-from mnist_ddp.checkpoint_io import LastCheckpoint
+from mnist_ddp.distributed.checkpoint_io import LastCheckpoint
 from mnist_ddp.errors import ConfigValueError
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def dump_stacks_on_stop_signals(file: TextIO) -> None:
     run the handler they had (faulthandler's C-level dump, chained): at the moment the signal
     arrives, even while the main thread is blocked in C++ where no Python handler can run. The
     stacks show where a process was stopped: for a hang, what the rank that never reached the
-    collective was doing (:mod:`mnist_ddp.worker` sets this up in every process it runs)."""
+    collective was doing (:mod:`mnist_ddp.distributed.worker` sets this up in every process it runs)."""
     global _stacks_file
     _stacks_file = file
     _register_stack_dump()
@@ -174,10 +174,10 @@ class RequeueOnSlurmSignal(L.Callback):
     mid-step (the hang :class:`StopOnSignal` describes for SIGTERM). Here the handler only records
     the signal. At each optimizer-step boundary global rank 0's record is broadcast, so every rank
     saves at the same step: model, optimizer, loops and data position of an exact resume point, in
-    the run's ``last.ckpt`` (:class:`~mnist_ddp.checkpoint_io.LastCheckpoint`). Global rank 0 then
+    the run's ``last.ckpt`` (:class:`~mnist_ddp.distributed.checkpoint_io.LastCheckpoint`). Global rank 0 then
     runs ``scontrol requeue <job id>`` (Lightning's command, array jobs included); every rank stops as
     on a stop signal (exit status 128 + the signal), and the requeued job resumes from that
-    checkpoint (:func:`mnist_ddp.trainer.checkpoint_to_resume`).
+    checkpoint (:func:`mnist_ddp.cli.trainer.checkpoint_to_resume`).
 
     Active under SLURM when the cluster environment's ``auto_requeue`` is on (Lightning's default;
     its ``requeue_signal``, default SIGUSR1, is the signal). It then costs one broadcast of a bool
@@ -187,7 +187,7 @@ class RequeueOnSlurmSignal(L.Callback):
 
     Raises:
         ConfigValueError: at setup when active and the run has no
-            :class:`~mnist_ddp.checkpoint_io.LastCheckpoint` (``callbacks.last_checkpoint``) to save.
+            :class:`~mnist_ddp.distributed.checkpoint_io.LastCheckpoint` (``callbacks.last_checkpoint``) to save.
     """
 
     def __init__(self) -> None:

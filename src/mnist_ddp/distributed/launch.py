@@ -2,7 +2,7 @@
 
 ``python -m mnist_ddp.train`` on its own (no torchrun, no SLURM) is the job's supervisor: it checks
 the command line, prepares the data, writes the job's resolved config into the run directory, and
-starts ``trainer.devices`` worker processes (:mod:`mnist_ddp.worker`) through torch's elastic agent
+starts ``trainer.devices`` worker processes (:mod:`mnist_ddp.distributed.worker`) through torch's elastic agent
 (``torch.distributed.launcher.api``, the agent behind torchrun). The workers run the job; this
 process trains nothing, so it always stays responsive:
 
@@ -40,8 +40,8 @@ from pathlib import Path
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from mnist_ddp.distributed.worker import SUPERVISOR_ENV
 from mnist_ddp.errors import ConfigValueError, JobFailedError
-from mnist_ddp.worker import SUPERVISOR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ def resolve_hydra_interpolations(cfg: DictConfig) -> dict:
 
 
 def launch(job_file: Path, nproc_per_node: int, rendezvous_timeout: float, shutdown_timeout: float) -> None:
-    """Run ``python -m mnist_ddp.worker <job_file>`` in ``nproc_per_node`` processes on this machine,
+    """Run ``python -m mnist_ddp.distributed.worker <job_file>`` in ``nproc_per_node`` processes on this machine,
     under torch's elastic agent, and wait for all of them.
 
     Args:
@@ -233,13 +233,13 @@ def launch(job_file: Path, nproc_per_node: int, rendezvous_timeout: float, shutd
             max_restarts=0,
             monitor_interval=0.1,
             shutdown_timeout=int(shutdown_timeout),
-            # error.json of each worker (torch's ErrorHandler, written by mnist_ddp.worker); no redirects.
+            # error.json of each worker (torch's ErrorHandler, written by mnist_ddp.distributed.worker); no redirects.
             logs_specs=DefaultLogsSpecs(log_dir=error_dir),
         )
         # The agent copies this process's environment into each worker's.
         os.environ[SUPERVISOR_ENV] = str(os.getpid())
         try:
-            elastic_launch(config, sys.executable)("-m", "mnist_ddp.worker", str(job_file))
+            elastic_launch(config, sys.executable)("-m", "mnist_ddp.distributed.worker", str(job_file))
         except ChildFailedError as failed:
             rank, failure = root_failure(failed.failures)
             raise JobFailedError(rank, failure.exitcode, describe_failure(failure)) from None
@@ -276,7 +276,7 @@ def describe_failure(failure) -> str:
     ``stopped by SIGTERM (exit status 143)``)."""
     if failure.exitcode < 0:
         return f"killed by {failure.signal_name()} (exit status {failure.exitcode})"
-    if failure.exitcode - 128 in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a stop: mnist_ddp.interrupts
+    if failure.exitcode - 128 in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a stop: mnist_ddp.callbacks.signals
         return f"stopped by {signal.Signals(failure.exitcode - 128).name} (exit status {failure.exitcode})"
     message = failure.message
     if isinstance(message, dict):  # torch's ErrorHandler format: {"message": "...", "extraInfo": {...}}
@@ -293,7 +293,7 @@ def collect_stacks(run_dir: Path, failure: JobFailedError) -> list[Path]:
     stopped worker's stacks as ``hang-rank<r>.txt`` in the run directory and return those files;
     otherwise (the stacks show only where a healthy worker was stopped) remove them.
 
-    The worker that timed out writes its own ``hang-rank<r>.txt`` (see :mod:`mnist_ddp.worker`);
+    The worker that timed out writes its own ``hang-rank<r>.txt`` (see :mod:`mnist_ddp.distributed.worker`);
     the others, the rank that never reached the collective among them, wrote theirs when the
     agent stopped them.
     """

@@ -2,7 +2,7 @@
 
 Hydra calls an entry point's task function once per job (once, or once per job of a ``-m``
 sweep). :func:`run_job` then either supervises the job's worker processes
-(:mod:`mnist_ddp.launch`), or, when torchrun or SLURM started this process as one of the job's
+(:mod:`mnist_ddp.distributed.launch`), or, when torchrun or SLURM started this process as one of the job's
 processes, runs the task in it. Either way, global rank 0 ends with ``metrics.json`` in the
 run directory: the task's metrics, the job's overrides and its status.
 
@@ -25,9 +25,8 @@ from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElastic
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
-from mnist_ddp.distributed import processes_per_node
-from mnist_ddp.errors import JobFailedError
-from mnist_ddp.launch import (
+from mnist_ddp.cli.outputs import write_json
+from mnist_ddp.distributed.launch import (
     JobInterrupted,
     collect_stacks,
     launch,
@@ -36,7 +35,8 @@ from mnist_ddp.launch import (
     run_dir_lock,
     write_job_file,
 )
-from mnist_ddp.outputs import write_json
+from mnist_ddp.distributed.layout import processes_per_node
+from mnist_ddp.errors import JobFailedError
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig
 
-from mnist_ddp.distributed import check_device_options, per_device_batch_size, resolve_devices
-from mnist_ddp.job import launcher_restarts
+from mnist_ddp.cli.job import launcher_restarts
+from mnist_ddp.distributed.layout import check_device_options, per_device_batch_size, resolve_devices
 
 
 def build_trainer(
@@ -87,7 +87,7 @@ def checkpoint_to_resume(ckpt_path: str | None, trainer: L.Trainer) -> str | Non
     """What ``trainer.fit`` resumes from: ``ckpt_path`` when given; otherwise, when the launcher has
     restarted this job (torchrun ``--max-restarts``, a SLURM requeue: :func:`launcher_restarts`),
     ``"last"``, which Lightning resolves to the newest ``last.ckpt`` of the run's checkpoint
-    callbacks. The run directory is the same across restarts (:func:`mnist_ddp.job.run_stamp`), so
+    callbacks. The run directory is the same across restarts (:func:`mnist_ddp.cli.job.run_stamp`), so
     that is this run's own latest checkpoint; a job that died before its first checkpoint starts
     afresh (Lightning warns). A checkpoint saved by Lightning's SLURM auto-requeue (SIGUSR1,
     ``hpc_ckpt_<n>.ckpt`` in the run directory) is newer: then None, and Lightning resumes from it.

@@ -148,7 +148,7 @@ class LastCheckpoint(ModelCheckpoint):
     inside a long epoch loses. Saves inside an epoch come at optimizer-step boundaries only
     (never between two accumulated micro-batches, whose gradients a checkpoint does not hold).
     What an exact resume needs beyond Lightning's own state (the data position) is saved by the
-    training dataloader (:mod:`mnist_ddp.sharding`).
+    training dataloader (:mod:`mnist_ddp.data.sharding`).
 
     Args:
         dirpath: the checkpoint folder.

@@ -14,14 +14,36 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from mnist_ddp.distributed import LRScaling
-from mnist_ddp.job import run_stamp
-from mnist_ddp.strategy import CommHook
+from mnist_ddp.cli.job import run_stamp
+from mnist_ddp.distributed.layout import LRScaling
+from mnist_ddp.distributed.strategy import CommHook
 
 #: ``conf/`` at the repository root; the entry points read their configs from here.
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "conf"
+
+#: Where the modules of version 0.1 (one flat package) moved in the layout by concern: a run saved
+#: before names the old paths in its config's ``_target_``s (see :func:`upgrade_targets`).
+MOVED_MODULES = {
+    "mnist_ddp.data": "mnist_ddp.data.datamodule",
+    "mnist_ddp.sharding": "mnist_ddp.data.sharding",
+    "mnist_ddp.model": "mnist_ddp.models.classifier",
+    "mnist_ddp.run_summary": "mnist_ddp.callbacks.run_summary",
+    "mnist_ddp.throughput": "mnist_ddp.callbacks.throughput",
+    "mnist_ddp.misclassified": "mnist_ddp.callbacks.misclassified",
+    "mnist_ddp.ddp_report": "mnist_ddp.callbacks.ddp_report",
+    "mnist_ddp.interrupts": "mnist_ddp.callbacks.signals",
+    "mnist_ddp.strategy": "mnist_ddp.distributed.strategy",
+    "mnist_ddp.checkpoint_io": "mnist_ddp.distributed.checkpoint_io",
+    "mnist_ddp.job": "mnist_ddp.cli.job",
+    "mnist_ddp.sweep_summary": "mnist_ddp.cli.sweep_summary",
+}
+#: Classes that left their old module for another one than the rest of it.
+MOVED_CLASSES = {
+    "mnist_ddp.model.CNN": "mnist_ddp.models.networks.CNN",
+    "mnist_ddp.model.MLP": "mnist_ddp.models.networks.MLP",
+}
 
 
 @dataclass
@@ -36,9 +58,9 @@ class IDXFilesConfig:
 
 @dataclass
 class DataConfig:
-    """``data`` group: arguments of :class:`mnist_ddp.data.MNISTDataModule`."""
+    """``data`` group: arguments of :class:`mnist_ddp.data.datamodule.MNISTDataModule`."""
 
-    _target_: str = "mnist_ddp.data.MNISTDataModule"
+    _target_: str = "mnist_ddp.data.datamodule.MNISTDataModule"
     data_dir: str = MISSING
     global_batch_size: int = MISSING
     val_size: int = MISSING
@@ -57,13 +79,13 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    """``model`` group: arguments of :class:`mnist_ddp.model.MNISTClassifier`.
+    """``model`` group: arguments of :class:`mnist_ddp.models.classifier.MNISTClassifier`.
 
     ``net``, ``optimizer`` and ``scheduler`` are Hydra ``_target_`` nodes; their keys are
     checked when they are instantiated (still before any process launches).
     """
 
-    _target_: str = "mnist_ddp.model.MNISTClassifier"
+    _target_: str = "mnist_ddp.models.classifier.MNISTClassifier"
     net: Any = MISSING
     optimizer: Any = MISSING
     scheduler: Any = None
@@ -80,7 +102,7 @@ class TrainerConfig:
     object there and OmegaConf 2.3 has no Union of primitives.
     ``devices`` is ``"auto"``, a process count, or a list of device indices; ``"auto"`` means
     every GPU when CUDA is available, else 2 CPU processes (see
-    :func:`mnist_ddp.distributed.resolve_devices`).
+    :func:`mnist_ddp.distributed.layout.resolve_devices`).
     """
 
     _target_: str = "lightning.pytorch.Trainer"
@@ -114,7 +136,7 @@ class TrainerConfig:
 
 @dataclass
 class StrategyConfig:
-    """``strategy`` group: arguments of :class:`mnist_ddp.strategy.CommHookDDPStrategy`.
+    """``strategy`` group: arguments of :class:`mnist_ddp.distributed.strategy.CommHookDDPStrategy`.
 
     Values come from ``conf/strategy/*.yaml``; the README's table gives each default and meaning.
     ``process_group_backend`` ``None`` lets Lightning choose: NCCL on CUDA devices, gloo on CPU.
@@ -122,7 +144,7 @@ class StrategyConfig:
     ``checkpoint_io`` (a Lightning ``CheckpointIO``; None: Lightning's own).
     """
 
-    _target_: str = "mnist_ddp.strategy.CommHookDDPStrategy"
+    _target_: str = "mnist_ddp.distributed.strategy.CommHookDDPStrategy"
     process_group_backend: str | None = None
     timeout: Any = None
     find_unused_parameters: bool = False
@@ -139,7 +161,7 @@ class StrategyConfig:
 @dataclass
 class LRScalingConfig:
     """``lr_scaling``: ``model.optimizer.lr`` is the rate at ``reference_batch_size``; see
-    :func:`mnist_ddp.distributed.scale_learning_rate`."""
+    :func:`mnist_ddp.distributed.layout.scale_learning_rate`."""
 
     rule: LRScaling = LRScaling.none
     reference_batch_size: int = 128
@@ -159,7 +181,7 @@ class TensorBoardLoggerConfig:
 
 @dataclass
 class LauncherConfig:
-    """``launcher``: the supervisor of a run's processes on one machine (:mod:`mnist_ddp.launch`)."""
+    """``launcher``: the supervisor of a run's processes on one machine (:mod:`mnist_ddp.distributed.launch`)."""
 
     rendezvous_timeout: float = MISSING
     shutdown_timeout: float = MISSING
@@ -214,9 +236,28 @@ class EvalConfig(JobConfig):
     ckpt_path: str = MISSING
 
 
+def upgrade_targets(node: Any) -> Any:
+    """``node`` (a config read from a run's ``.hydra/config.yaml``, or any part of one) with every
+    ``_target_`` that names a class where an earlier version of this template had it renamed to
+    where it is now (:data:`MOVED_MODULES`, :data:`MOVED_CLASSES`), in place; returns ``node``."""
+    if isinstance(node, DictConfig):
+        for key, value in node.items_ex(resolve=False):  # unresolved: ${hydra:...} has no value here
+            if key == "_target_" and isinstance(value, str):
+                module, _, name = value.rpartition(".")
+                node[key] = MOVED_CLASSES.get(value) or (
+                    f"{MOVED_MODULES[module]}.{name}" if module in MOVED_MODULES else value
+                )
+            else:
+                upgrade_targets(value)
+    elif isinstance(node, ListConfig):
+        for index in range(len(node)):
+            upgrade_targets(node._get_node(index))
+    return node
+
+
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore (named in ``conf/config.yaml`` and ``conf/eval.yaml``),
-    and register the ``${run_stamp:}`` resolver of the run directory names (:func:`mnist_ddp.job.run_stamp`)."""
+    and register the ``${run_stamp:}`` resolver of the run directory names (:func:`mnist_ddp.cli.job.run_stamp`)."""
     if not OmegaConf.has_resolver("run_stamp"):
         # Cached, like Hydra's ${now:}: every job of a sweep resolves the sweep's directory alike.
         OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)

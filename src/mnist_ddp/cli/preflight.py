@@ -35,8 +35,12 @@ from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElastic
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from mnist_ddp.config import CONFIG_DIR, register_configs
-from mnist_ddp.distributed import (
+from mnist_ddp.cli.job import launcher_rank, launcher_restarts
+from mnist_ddp.cli.resume import in_place_run_dir, resume_arguments
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.cli.sweep_summary import failed_jobs
+from mnist_ddp.distributed.launch import check_rendezvous_address, launched_externally
+from mnist_ddp.distributed.layout import (
     check_device_options,
     check_gpu_devices,
     device_count,
@@ -44,10 +48,6 @@ from mnist_ddp.distributed import (
     resolve_devices,
 )
 from mnist_ddp.errors import ConfigValueError, UsageError
-from mnist_ddp.job import launcher_rank, launcher_restarts
-from mnist_ddp.launch import check_rendezvous_address, launched_externally
-from mnist_ddp.resume import in_place_run_dir, resume_arguments
-from mnist_ddp.sweep_summary import failed_jobs
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
 
     The command line is checked first: a bad one exits with status 1 and one line on stderr.
     ``hydra.run.dir=<a run> ckpt_path=last`` is completed with that run's overrides
-    (:mod:`mnist_ddp.resume`).
+    (:mod:`mnist_ddp.cli.resume`).
     Then ``main`` (Hydra's entry point) runs the job(s); a job whose process failed exits with
     status 1 and its error, a sweep with a failed job with status 1 after its summary.
     """

@@ -1,0 +1,2 @@
+"""The data: the IDX file format (:mod:`.idx`), the DataModule (:mod:`.datamodule`) and its
+resumable sharding across DDP processes (:mod:`.sharding`)."""

@@ -1,0 +1,1 @@
+"""The models: networks (:mod:`.networks`) and the LightningModule that trains them (:mod:`.classifier`)."""
