@@ -3,7 +3,7 @@
 #   make train ARGS="trainer.devices=4 data.global_batch_size=256"
 #   make test PYTEST_ARGS="-k data"
 # And the benchmark against a hand-written DDP loop (about 10 minutes on 2 CPU cores), which
-# writes benchmarks/results.md and the README's results section:
+# writes benchmarks/results.md and the results section of docs/performance.md:
 #   make benchmark BENCH_ARGS="--data-dir /path/to/data"
 
 PYTHON ?= python3.11
@@ -25,7 +25,7 @@ test: $(INSTALLED)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 benchmark: $(INSTALLED)
-	$(VENV)/bin/python -m benchmarks.run --readme README.md $(BENCH_ARGS)
+	$(VENV)/bin/python -m benchmarks.run --page docs/performance.md $(BENCH_ARGS)
 
 # Make the template your project: `make rename NAME=fashion-ddp` renames the distribution,
 # the package (src/fashion_ddp), its imports, console scripts and Hydra targets (tools/rename.py).

@@ -7,8 +7,8 @@ programs interleaved so that a slow moment of the machine does not hit one progr
 
 1. the reference, ``benchmarks/reference_ddp.py``, a hand-written torchrun + DistributedDataParallel
    loop doing the work of the fast recipe, 2 gloo processes;
-2. the template's fast recipe, ``python -m mnist_ddp.train experiment=fast``, with Lightning's
-   launcher (the README's command) and under torchrun: training-loop time, training samples/s,
+2. the template's fast recipe, ``python -m mnist_ddp.train experiment=fast``, started by
+   the command itself (the README's command) and under torchrun: training-loop time, training samples/s,
    test accuracy, time from the command's start to the first optimizer step, end-to-end wall
    time, peak RSS per process;
 3. the input pipeline alone: the DataModule's train loader against torchvision's PIL-based MNIST
@@ -17,7 +17,8 @@ programs interleaved so that a slow moment of the machine does not hit one progr
 4. the fast recipe's test accuracy per seed, and whether it reached 99.0% after its one epoch.
 
 It prints a markdown table with the ratios to the reference, writes it to ``--out`` and, with
-``--readme``, into the README between the ``benchmark results`` markers.
+``--page``, into a Markdown page between the ``benchmark results`` markers (``make benchmark``:
+``--page docs/performance.md``).
 """
 
 import argparse
@@ -40,7 +41,7 @@ from mnist_ddp.data.idx import ensure_mnist_files
 REPO = Path(__file__).resolve().parents[1]
 #: Test accuracy the fast recipe must reach after its one epoch (issue 7's target).
 TARGET_ACC = 0.99
-README_START, README_END = "<!-- benchmark results: start -->", "<!-- benchmark results: end -->"
+RESULTS_START, RESULTS_END = "<!-- benchmark results: start -->", "<!-- benchmark results: end -->"
 
 
 def torchrun(nproc: int) -> list[str]:
@@ -71,7 +72,7 @@ PROGRAMS = {
 }
 LABELS = {
     "reference": "reference: torchrun + DDP by hand",
-    "template": "template: `python -m mnist_ddp.train`",  # Lightning's launcher starts rank 1
+    "template": "template: `python -m mnist_ddp.train`",  # the command starts and supervises its processes
     "template_torchrun": "template under torchrun",
 }
 
@@ -208,18 +209,18 @@ Targets:
 """
 
 
-def update_readme(readme: Path, text: str) -> None:
-    """Replaces what is between the benchmark markers in ``readme`` with ``text``.
+def update_page(page: Path, text: str) -> None:
+    """Replaces what is between the benchmark markers in the Markdown file ``page`` with ``text``.
 
     Raises:
-        ValueError: if the README lacks either marker.
+        ValueError: if the page lacks either marker.
     """
-    content = readme.read_text()
-    if README_START not in content or README_END not in content:
-        raise ValueError(f"{readme} has no '{README_START}' ... '{README_END}' block to put the results in")
-    head, rest = content.split(README_START, 1)
-    tail = rest.split(README_END, 1)[1]
-    readme.write_text(f"{head}{README_START}\n{text}\n{README_END}{tail}")
+    content = page.read_text()
+    if RESULTS_START not in content or RESULTS_END not in content:
+        raise ValueError(f"{page} has no '{RESULTS_START}' ... '{RESULTS_END}' block to put the results in")
+    head, rest = content.split(RESULTS_START, 1)
+    tail = rest.split(RESULTS_END, 1)[1]
+    page.write_text(f"{head}{RESULTS_START}\n{text}\n{RESULTS_END}{tail}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -234,7 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--pipeline-samples", type=int, default=None, help="samples per input pipeline pass")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results.md")
-    parser.add_argument("--readme", type=Path, default=None, help="also put the results into this README")
+    parser.add_argument(
+        "--page", type=Path, default=None, help="also put the results into this Markdown page, between its markers"
+    )
     parser.add_argument("--work-dir", type=Path, default=None, help="run directories (default: a temporary one)")
     args = parser.parse_args(argv)
     if "reference" not in args.programs:
@@ -260,8 +263,8 @@ def main(argv: list[str] | None = None) -> None:
     args.out.write_text(text)
     # Every run's figures too, for whoever wants more than the medians.
     args.out.with_suffix(".json").write_text(json.dumps({"runs": runs, "input_pipeline": pipeline}, indent=2) + "\n")
-    if args.readme:
-        update_readme(args.readme, text)
+    if args.page:
+        update_page(args.page, text)
     print(text)
 
 

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from benchmarks.reference_ddp import make_model
-from benchmarks.run import README_END, README_START
+from benchmarks.run import RESULTS_END, RESULTS_START
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 
 STEPS = 4  # optimizer steps per run in the smoke test
@@ -55,21 +55,21 @@ def number(cell: str) -> float:
 def test_harness_runs_reference_and_template_and_reports_their_figures(tmp_path):
     # 5,000 validation images, as the fast recipe and the reference hold out, plus 640 to train on.
     data = make_synthetic_mnist(tmp_path / "data", n_train=5640, n_test=200)
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# Title\n\n{README_START}\nold results\n{README_END}\n\nMore text.\n")
+    page = tmp_path / "performance.md"
+    page.write_text(f"# Title\n\n{RESULTS_START}\nold results\n{RESULTS_END}\n\nMore text.\n")
     out, work = tmp_path / "results.md", tmp_path / "runs"
     command = [
         sys.executable, "-m", "benchmarks.run", "--data-dir", str(data), "--seeds", "7",
         "--programs", "reference", "template", "--limit-train-batches", str(STEPS), "--pipeline-samples", "640",
-        "--out", str(out), "--readme", str(readme), "--work-dir", str(work),
+        "--out", str(out), "--page", str(page), "--work-dir", str(work),
     ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     results = out.read_text()
     assert results in done.stdout, "the table is printed too"
 
-    # The README keeps its text and gets the results between the markers.
-    assert readme.read_text() == f"# Title\n\n{README_START}\n{results}\n{README_END}\n\nMore text.\n"
+    # The page (docs/performance.md for make benchmark) keeps its text and gets the results between the markers.
+    assert page.read_text() == f"# Title\n\n{RESULTS_START}\n{results}\n{RESULTS_END}\n\nMore text.\n"
 
     # Both programs trained the same number of samples, timed the same way (LoopTimer / the reference).
     reference = json.loads((work / "reference-seed7" / "loop-timer-rank0.json").read_text())
