@@ -5,11 +5,10 @@ glibc's ``malloc`` gives freed memory at the top of its heap back to the OS once
 trim threshold is free, and serves blocks from 128 KiB up with fresh ``mmap`` calls; it raises
 both thresholds as a process frees large blocks. So what a process happened to free early on
 (a data set copy, a figure) decides whether the activations of every later step, a few MiB each
-on CPU, come from memory it keeps or from new pages. On the 2-core CI machine one DDP process of
-the fast recipe took about 57,000 page faults per second that way, and its replica, waiting for
-it in every AllReduce, slowed down with it. A plain loop of the same CNN (batch 32, one thread)
-took 3,000 page faults and 41.5 ms of CPU per step with glibc's defaults, none and 30.4 ms with
-the thresholds fixed as below.
+on CPU, come from memory it keeps or from new pages. A DDP process that faults its activations
+in afresh every step spends that time in the kernel, and its replicas, waiting for it in every
+AllReduce, slow down with it. Fixing both thresholds as below keeps the freed memory for the next
+step (the page faults measured with and without: docs/performance.md).
 """
 
 import ctypes
