@@ -2,6 +2,8 @@
 # `make rename NAME=my-project` makes the template your project (see below).
 #   make train ARGS="trainer.devices=4 data.global_batch_size=256"
 #   make test PYTEST_ARGS="-k data"
+# `make test-fast` runs the in-process tests only (tests/unit/, under a minute); `make test` is
+# the whole suite, with the real DDP processes and command lines of tests/system/ (what CI runs).
 # And the benchmark against a hand-written DDP loop (about 10 minutes on 2 CPU cores), which
 # writes benchmarks/results.md and the results section of docs/performance.md:
 #   make benchmark BENCH_ARGS="--data-dir /path/to/data"
@@ -11,7 +13,7 @@ VENV := .venv
 # Marker file: the venv is rebuilt when pyproject.toml changes.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: train test benchmark rename clean
+.PHONY: train test test-fast benchmark rename clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +25,9 @@ train: $(INSTALLED)
 
 test: $(INSTALLED)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+test-fast: $(INSTALLED)
+	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 
 benchmark: $(INSTALLED)
 	$(VENV)/bin/python -m benchmarks.run --page docs/performance.md $(BENCH_ARGS)

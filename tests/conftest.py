@@ -1,16 +1,27 @@
 """Shared fixtures: synthetic MNIST-format data, the offline real MNIST copy, the CLI runner."""
 
+import gzip
+import hashlib
+import http.server
 import os
 import re
+import shutil
 import subprocess
 import sys
+import threading
+from functools import partial
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import pytest
+from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torchvision.datasets import MNIST
+
+from mnist_ddp.cli.schema import CONFIG_DIR
+from mnist_ddp.data.idx import MNIST_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -239,3 +250,80 @@ def read_scalars(event_dir: Path, steps: bool = False) -> dict[str, list]:
 def ranks_in_log(run_dir: Path, job: str = "train") -> set[int]:
     """The global ranks that wrote lines into a job's log file (``[rank N]`` tags)."""
     return {int(rank) for rank in re.findall(r"\[rank (\d+)\]", (run_dir / f"{job}.log").read_text())}
+
+
+@pytest.fixture
+def mirror(tmp_path, monkeypatch, synthetic_data_dir):
+    """The synthetic files served as an MNIST mirror over HTTP on 127.0.0.1, gzipped as the real
+    mirrors serve them, with their MD5s patched into torchvision's resource list in this process:
+    the real download path runs offline. Yields the mirror's URL and its handler class (whose
+    ``cut_off`` cuts a file's transfer off)."""
+    mirror_dir = tmp_path / "mirror"
+    mirror_dir.mkdir()
+    resources = []
+    for name in MNIST_FILES.values():
+        archive = mirror_dir / f"{name}.gz"
+        archive.write_bytes(gzip.compress((synthetic_data_dir / "MNIST" / "raw" / name).read_bytes()))
+        resources.append((archive.name, hashlib.md5(archive.read_bytes()).hexdigest()))
+    handler = type("Handler", (MirrorHandler,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(mirror_dir)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(MNIST, "resources", resources)
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/", handler
+    finally:
+        server.shutdown()
+
+
+class MirrorHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves a folder; the file named by ``cut_off`` is cut off half-way, as a dropped connection
+    cuts a transfer: the full Content-Length is announced, half the bytes sent, the connection closed."""
+
+    cut_off: str | None = None
+
+    def do_GET(self) -> None:
+        if self.cut_off is None or not self.path.endswith(self.cut_off):
+            return super().do_GET()
+        data = (Path(self.directory) / self.cut_off).read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[: len(data) // 2])
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def assert_synthetic_files_in_place(data_dir: Path, synthetic_data_dir: Path) -> None:
+    raw = data_dir / "MNIST" / "raw"
+    assert sorted(os.listdir(raw)) == sorted(MNIST_FILES.values())
+    for name in MNIST_FILES.values():
+        assert (raw / name).read_bytes() == (synthetic_data_dir / "MNIST" / "raw" / name).read_bytes()
+    assert os.listdir(data_dir / "MNIST") == ["raw"], "the temporary download folder must be gone"
+
+
+def copy_data(synthetic_data_dir: Path, folder: Path) -> Path:
+    """A copy of the synthetic data set (1,200 training and 300 test images); returns its raw/ folder."""
+    shutil.copytree(synthetic_data_dir, folder)
+    return folder / "MNIST" / "raw"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(synthetic_data_dir, tmp_path_factory) -> Path:
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"data.data_dir={synthetic_data_dir}", "data.val_size=200"])
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+                        num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
+    trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data))
+    path = tmp_path_factory.mktemp("checkpoint") / "last.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+def only(path: Path) -> Path:
+    """The one entry of a folder (a run's directory in ``runs/``); fails if there are others."""
+    (item,) = path.iterdir()
+    return item

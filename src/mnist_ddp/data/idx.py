@@ -136,8 +136,8 @@ def check_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> T
     count, *size = check_idx_file(images_file, 3, IMAGES_KIND)
     if tuple(size) != IMAGE_SIZE:
         raise DataFormatError(
-            f"{images_file} holds {size[0]}x{size[1]} images; this template's networks take "
-            f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]} (resize the data set, or change the networks in mnist_ddp/models/networks.py)."
+            f"{images_file} holds {size[0]}x{size[1]} images; this template's networks take {IMAGE_SIZE[0]}x"
+            f"{IMAGE_SIZE[1]} (resize the data set, or change the networks in mnist_ddp/models/networks.py)."
         )
     labels = _read_idx(read_label_file, labels_file, 1, LABELS_KIND)
     if count != len(labels):

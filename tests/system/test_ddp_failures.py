@@ -12,8 +12,6 @@ import torch
 from conftest import REPO, cli_command, cli_env, read_scalars, run_cli
 
 from mnist_ddp.distributed.checkpoint_io import AtomicCheckpointIO
-from mnist_ddp.distributed.layout import check_device_options
-from mnist_ddp.errors import ConfigValueError
 
 QUICK = (
     "trainer.accelerator=cpu",
@@ -175,32 +173,6 @@ def test_two_runs_started_at_once_use_different_rendezvous_ports(synthetic_data_
              for name in ("a", "b")]  # fmt: skip
     print("rendezvous ports:", ports)
     assert ports[0] != ports[1]
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["trainer.sync_batchnorm=true", "model.net.batch_norm=true"], "trainer.sync_batchnorm=true needs GPUs"),
-        (["strategy.process_group_backend=nccl"], "strategy.process_group_backend=nccl needs CUDA devices"),
-    ],
-)
-def test_gpu_only_options_on_cpu_are_refused_before_any_process_launches(
-    synthetic_data_dir, tmp_path, overrides, message
-):
-    result = run_cli(f"data.data_dir={synthetic_data_dir}", *QUICK, *overrides, log_dir=tmp_path)
-    assert result.returncode == 1
-    assert result.stderr.startswith(f"Error: {message}") and "Traceback" not in result.stderr
-    assert list(tmp_path.iterdir()) == [], "no run directory, no process"
-
-
-def test_nccl_and_sync_batchnorm_need_cuda():
-    with pytest.raises(ConfigValueError, match="process_group_backend=nccl needs CUDA devices, but this run is on cpu"):
-        check_device_options("cpu", "nccl", sync_batchnorm=False)
-    with pytest.raises(ConfigValueError, match="sync_batchnorm=true needs GPUs"):
-        check_device_options("cpu", None, sync_batchnorm=True)
-    check_device_options("cpu", "gloo", sync_batchnorm=False)
-    check_device_options("cuda", "nccl", sync_batchnorm=True)
-    check_device_options("cuda", "gloo", sync_batchnorm=False)  # gloo also runs on GPUs
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: SyncBatchNorm and NCCL run only there")

@@ -27,6 +27,7 @@ EVERY_5_STEPS = ("callbacks.last_checkpoint.train_time_interval=null",
                  f"callbacks.last_checkpoint.every_n_train_steps={CHECKPOINT_EVERY}",
                  "+callbacks.val_counter._target_=probes.ValidationCounter",
                  "+callbacks.val_counter.out_dir=${paths.output_dir}/samples")  # fmt: skip
+DROPOUT = "model.net.dropout=0.5"
 # Float32 sums in another order on another world size: equal to rounding (see test_ddp.py).
 PARAM_ATOL = 1e-5
 
@@ -170,13 +171,14 @@ def test_a_resume_in_place_that_would_change_the_runs_arithmetic_is_refused(runs
 
 
 def test_a_slurm_requeue_saves_at_the_next_step_and_the_requeued_job_resumes_exactly(runs, noisy_data_dir, tmp_path):
-    full, _ = runs("full", "trainer.devices=2")
+    # With dropout: the resume must also restore the random generators' state, or the masks differ.
+    full, _ = runs("full_dropout", "trainer.devices=2", DROPOUT)
     env = simulated_slurm(tmp_path / "bin", job_id="4242", ntasks=2)
     # The script's knobs for CPU nodes (it sets trainer.accelerator itself); the rest as users submit it.
     env |= {"PYTHON": sys.executable, "ACCELERATOR": "cpu", "STRATEGY": "ddp", "DATA_DIR": str(noisy_data_dir)}
     overrides = [
         f"paths.log_dir={tmp_path / 'logs'}", *(o for o in DETERMINISTIC if o != "trainer.accelerator=cpu"),
-        *EVERY_5_STEPS, "+callbacks.signal._target_=probes.SignalTasks",
+        *EVERY_5_STEPS, DROPOUT, "+callbacks.signal._target_=probes.SignalTasks",
         f"+callbacks.signal.pid_file={tmp_path / 'bin' / 'tasks.pids'}", "+callbacks.signal.rank=1",
         f"+callbacks.signal.step={REQUEUE_AT}",
     ]  # fmt: skip
@@ -209,8 +211,13 @@ def test_a_slurm_requeue_saves_at_the_next_step_and_the_requeued_job_resumes_exa
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-5000:]
     assert "Restart 1 of this job by its launcher" in (run / "train.log").read_text()
     print(f"SLURM requeue signal at step {REQUEUE_AT}: saved at step {saved_step}, 0 steps redone")
-    for key, value in params(full).items():
-        assert torch.equal(params(run)[key], value), key
+    whole, resumed = (torch.load(r / "checkpoints" / "last.ckpt", weights_only=True) for r in (full, run))
+    assert (resumed["epoch"], resumed["global_step"]) == (whole["epoch"], whole["global_step"]) == (1, 42)
+    for key, value in whole["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][key], value), key
+    momentum, expected = resumed["optimizer_states"][0]["state"], whole["optimizer_states"][0]["state"]
+    assert all(torch.equal(momentum[i]["momentum_buffer"], expected[i]["momentum_buffer"]) for i in expected)
+    assert resumed["lr_schedulers"] == whole["lr_schedulers"]
     # Both runs of the job appended to the same ledger: each training sample exactly once per epoch.
     for epoch in (0, 1):
         assert sorted(ledger([(run, 2, 10**9)], epoch)) == list(range(TRAIN_SIZE)), f"epoch {epoch}"
@@ -222,3 +229,14 @@ def trained_steps(run_dir, epoch):
     for path in run_dir.glob(f"samples/rank*_epoch{epoch}.jsonl"):
         for line in path.read_text().splitlines():
             yield json.loads(line)["step"]
+
+
+def test_a_resume_whose_schedule_would_span_other_steps_is_refused_in_one_line(runs, noisy_data_dir, tmp_path):
+    # A one-cycle schedule cannot be stretched: 3 epochs instead of the checkpoint's 2.
+    checkpoint = killed(runs, "killed2", 2, KILL_2)
+    result = run_cli(f"data.data_dir={noisy_data_dir}", *DETERMINISTIC, "trainer.devices=2", "trainer.max_epochs=3",
+                     f"ckpt_path={checkpoint}", log_dir=tmp_path)  # fmt: skip
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert "ckpt_path: the checkpoint's learning-rate schedule spans 42 optimizer steps, this run 63" in output
+    assert "Traceback" not in output

@@ -5,16 +5,17 @@ process itself (Lightning's subprocess launcher), exactly as a user's run does.
 """
 
 import json
-import logging
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import ranks_in_log, read_scalars, run_cli
-from lightning.fabric.utilities.rank_zero import rank_zero_only
+from conftest import only, ranks_in_log, read_scalars, run_cli
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from mnist_ddp.cli.job import RankZeroWarningsFilter
+from mnist_ddp.cli.schema import MOVED_CLASSES, MOVED_MODULES
 
 TAGS = {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "train/lr"}
 
@@ -87,15 +88,6 @@ def test_console_shows_one_progress_bar_and_rank_tagged_lines_only_where_ranks_d
     assert "[rank 1][py.warnings]" not in console
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_python_warnings_reach_the_console_from_rank_zero_only(rank, monkeypatch):
-    monkeypatch.setattr(rank_zero_only, "rank", rank)
-    warning = logging.LogRecord("py.warnings", logging.WARNING, __file__, 1, "deprecated", None, None)
-    info = logging.LogRecord("mnist_ddp.train", logging.INFO, __file__, 1, "Composed config", None, None)
-    assert RankZeroWarningsFilter().filter(warning) == (rank == 0)
-    assert RankZeroWarningsFilter().filter(info)
-
-
 def test_missing_data_without_network_is_one_error_before_any_process_launches(tmp_path):
     # No network, on any machine: urllib sends every download through this closed local proxy port.
     no_network = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "no_proxy": ""}
@@ -110,3 +102,62 @@ def test_missing_data_without_network_is_one_error_before_any_process_launches(t
     assert not data_dir.exists(), "no partial file or empty folder may be left"
     (run,) = (tmp_path / "logs" / "runs").iterdir()
     assert ranks_in_log(run) == {0}, "a second process was launched"
+
+
+@pytest.fixture(scope="module")
+def trained(synthetic_run):
+    log_dir, result = synthetic_run
+    return only(log_dir / "runs"), result
+
+
+def test_one_job_writes_config_once_one_rank_tagged_log_and_metrics(trained):
+    run, result = trained
+    assert sorted(p.name for p in (run / ".hydra").iterdir()) == [
+        "config.yaml",
+        "hydra.yaml",
+        "job.yaml",
+        "overrides.yaml",
+    ]
+    assert sorted(p.name for p in run.glob("*.log")) == ["train.log"]
+    lines = (run / "train.log").read_text().splitlines()
+    assert all(re.match(r"\[[^]]+\]\[rank [01]\]", line) for line in lines if line.startswith("[")), lines[:5]
+    assert ranks_in_log(run) == {0, 1}
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics.keys() >= {"val/acc", "val/loss", "test/acc", "test/loss"}
+    # Which command made them, and how it ended.
+    assert metrics["status"] == "completed" and "trainer.devices=2" in metrics["overrides"]
+    assert not (run / ".stacks").exists(), "the stacks of stopped workers are kept only after a hang"
+    assert result.stdout.count(f"Run directory: {run}") == 2, "printed at start and end"
+
+
+def test_eval_reports_the_training_runs_test_metrics_with_two_processes(trained, synthetic_data_dir, tmp_path):
+    run, _ = trained
+    expected = json.loads((run / "metrics.json").read_text())
+    # The run as version 0.1 saved it: its config names the modules of the flat layout.
+    old_run = tmp_path / "old_run"
+    shutil.copytree(run / ".hydra", old_run / ".hydra")
+    shutil.copytree(run / "checkpoints", old_run / "checkpoints")
+    old_paths = {new: old for old, new in (*MOVED_MODULES.items(), *MOVED_CLASSES.items())}
+    config = (old_run / ".hydra" / "config.yaml").read_text()
+    for target in sorted(set(re.findall(r"_target_: (mnist_ddp\.\S+)", config))):
+        module, _, name = target.rpartition(".")
+        old = old_paths.get(target) or (f"{old_paths[module]}.{name}" if module in old_paths else target)
+        config = config.replace(f"_target_: {target}\n", f"_target_: {old}\n")
+    assert "_target_: mnist_ddp.model.CNN\n" in config and "_target_: mnist_ddp.model.MNISTClassifier\n" in config
+    (old_run / ".hydra" / "config.yaml").write_text(config)
+    checkpoint = old_run / "checkpoints" / Path(expected["checkpoint"]).name
+    result = run_cli(
+        f"data.data_dir={synthetic_data_dir}", "trainer.accelerator=cpu", "trainer.devices=2",
+        "data.global_batch_size=64", f"ckpt_path={checkpoint}", log_dir=tmp_path, module="mnist_ddp.eval",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    evaluation = only(tmp_path / "evals")
+    metrics = json.loads((evaluation / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and ranks_in_log(evaluation, "eval") == {0, 1}
+    assert metrics["test/acc"] == expected["test/acc"]
+    assert metrics["test/loss"] == pytest.approx(expected["test/loss"], rel=1e-6)
+    # Its own TensorBoard run holds the test images too: the same misclassified digits, pixel for pixel.
+    evaluated, trained_run = (EventAccumulator(str(d / "tensorboard")).Reload() for d in (evaluation, run))
+    assert set(evaluated.Tags()["images"]) == {"test/confusion_matrix", "test/misclassified"}
+    (grid,), (trained_grid,) = evaluated.Images("test/misclassified"), trained_run.Images("test/misclassified")
+    assert grid.encoded_image_string == trained_grid.encoded_image_string

@@ -6,24 +6,19 @@ test_train_cli.py.
 """
 
 import gzip
-import hashlib
-import http.server
-import os
-import subprocess
-import sys
-import threading
-from functools import partial
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from conftest import assert_synthetic_files_in_place, copy_data, write_idx
 from torchvision.datasets import MNIST
 
 from mnist_ddp.data.datamodule import MNIST_MEAN, MNIST_STD, MNISTDataModule
 from mnist_ddp.data.idx import MNIST_FILES
-from mnist_ddp.errors import ConfigValueError, DataNotAvailableError
+from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 
 VAL_SIZE = 150  # of 1,200 synthetic training images; divides by neither 7 nor 8
 
@@ -178,58 +173,6 @@ def test_prepare_data_without_files_or_network_names_folder_and_files(tmp_path, 
     assert not data_dir.exists(), f"left behind: {list(data_dir.rglob('*'))}"
 
 
-class MirrorHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves a folder; the file named by ``cut_off`` is cut off half-way, as a dropped connection
-    cuts a transfer: the full Content-Length is announced, half the bytes sent, the connection closed."""
-
-    cut_off: str | None = None
-
-    def do_GET(self) -> None:
-        if self.cut_off is None or not self.path.endswith(self.cut_off):
-            return super().do_GET()
-        data = (Path(self.directory) / self.cut_off).read_bytes()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data[: len(data) // 2])
-        self.wfile.flush()
-        self.close_connection = True
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-@pytest.fixture
-def mirror(tmp_path, monkeypatch, synthetic_data_dir):
-    """The synthetic files served as an MNIST mirror over HTTP on 127.0.0.1, gzipped as the real
-    mirrors serve them, with their MD5s patched into torchvision's resource list in this process:
-    the real download path runs offline. Yields the mirror's URL and its handler class (whose
-    ``cut_off`` cuts a file's transfer off)."""
-    mirror_dir = tmp_path / "mirror"
-    mirror_dir.mkdir()
-    resources = []
-    for name in MNIST_FILES.values():
-        archive = mirror_dir / f"{name}.gz"
-        archive.write_bytes(gzip.compress((synthetic_data_dir / "MNIST" / "raw" / name).read_bytes()))
-        resources.append((archive.name, hashlib.md5(archive.read_bytes()).hexdigest()))
-    handler = type("Handler", (MirrorHandler,), {})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(mirror_dir)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr(MNIST, "resources", resources)
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/", handler
-    finally:
-        server.shutdown()
-
-
-def assert_synthetic_files_in_place(data_dir: Path, synthetic_data_dir: Path) -> None:
-    raw = data_dir / "MNIST" / "raw"
-    assert sorted(os.listdir(raw)) == sorted(MNIST_FILES.values())
-    for name in MNIST_FILES.values():
-        assert (raw / name).read_bytes() == (synthetic_data_dir / "MNIST" / "raw" / name).read_bytes()
-    assert os.listdir(data_dir / "MNIST") == ["raw"], "the temporary download folder must be gone"
-
-
 def test_prepare_data_moves_a_complete_download_into_place(tmp_path, monkeypatch, mirror, synthetic_data_dir):
     monkeypatch.setattr(MNIST, "mirrors", [mirror[0]])
     data_dir = tmp_path / "data"
@@ -255,31 +198,55 @@ def test_a_download_cut_off_half_way_leaves_no_file_and_the_next_one_completes(
     assert_synthetic_files_in_place(data_dir, synthetic_data_dir)
 
 
-def test_download_command_fetches_from_the_given_mirror(tmp_path, mirror, synthetic_data_dir):
-    # The command's main() in a subprocess, with its real arguments; --mirror points it at the local
-    # server. torchvision checks each archive against its MD5 list, so the child gets the synthetic
-    # archives' sums patched in first, as the fixture does in this process.
-    data_dir = tmp_path / "data"
-    wrapper = (
-        "import sys; from torchvision.datasets import MNIST; "
-        f"MNIST.resources = {MNIST.resources!r}; "
-        "from mnist_ddp.download import main; main(sys.argv[1:])"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", wrapper, "--data-dir", str(data_dir), "--mirror", mirror[0].rstrip("/")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == f"MNIST is in {data_dir / 'MNIST' / 'raw'}; train with data.data_dir={data_dir}"
-    assert_synthetic_files_in_place(data_dir, synthetic_data_dir)
+# --- broken data files: one error naming the file and what to do ---------------------------------
+
+TRAIN_IMAGES, TRAIN_LABELS = "train-images-idx3-ubyte", "train-labels-idx1-ubyte"
+TEST_IMAGES, TEST_LABELS = "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"
 
 
-def test_download_command_without_network_is_one_line_and_status_1(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "mnist_ddp.download", "--data-dir", str(tmp_path / "data"), "--mirror",
-         "http://127.0.0.1:9/"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 1
-    assert result.stderr.startswith(f"Error: MNIST is missing from {tmp_path / 'data' / 'MNIST' / 'raw'}")
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def replace_magic(path: Path) -> None:
+    path.write_bytes(bytes([0, 0, 0x09, 0x01]) + path.read_bytes()[4:])  # int8 instead of uint8
+
+
+def gzip_in_place(path: Path) -> None:
+    path.write_bytes(gzip.compress(path.read_bytes()))
+
+
+def append_bytes(path: Path) -> None:
+    path.write_bytes(path.read_bytes() + bytes(10))
+
+
+def other_labels(path: Path) -> None:
+    write_idx(path, np.zeros(299))  # another split's labels: 299 instead of 300
+
+
+CASES = {
+    "truncated": (TRAIN_IMAGES, truncate,
+                  "is truncated: its header announces 1200 x 28 x 28 values (940,816 bytes with the header), "
+                  "the file has 470,408 bytes. Copy or download it again"),
+    "wrong magic number": (TRAIN_LABELS, replace_magic,
+                           "is not an IDX file of uint8 labels (N,): it starts with 0x00000901 instead of the "
+                           "magic number 0x00000801 (uint8, 1 dimension)."),
+    "still gzipped": (TEST_IMAGES, gzip_in_place, f"{TEST_IMAGES} is gzip-compressed: decompress it in place "
+                     f"(mv {TEST_IMAGES} {TEST_IMAGES}.gz && gunzip {TEST_IMAGES}.gz)."),
+    "bytes after the data": (TEST_IMAGES, append_bytes, "has 10 bytes more than the 300 x 28 x 28 values"),
+    "counts disagree": (TEST_LABELS, other_labels, "holds 300 images but"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_broken_file_is_refused_naming_it(synthetic_data_dir, tmp_path, case):
+    name, corrupt, message = CASES[case]
+    raw = copy_data(synthetic_data_dir, tmp_path / "data")
+    corrupt(raw / name)
+    with pytest.raises(DataFormatError, match=re.escape(message)) as error:
+        MNISTDataModule(str(tmp_path / "data")).prepare_data()  # what runs before any process launches
+    assert str(raw / name) in str(error.value)
+    # setup, which every DDP process runs, refuses it too.
+    datamodule = MNISTDataModule(str(tmp_path / "data"), val_size=100)
+    with pytest.raises(DataFormatError, match=re.escape(message)):
+        datamodule.setup("fit" if name.startswith("train") else "test")

@@ -11,13 +11,9 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import torch
 from PIL import Image
-
-from mnist_ddp.callbacks import throughput
 
 # The synthetic run (conftest.synthetic_run): 1,200 - 200 = 1,000 training images, 500 per rank in
 # micro-batches of 32, so 16 optimizer steps per epoch; 2 epochs; 300 test images; logged every 10 steps.
@@ -178,42 +174,3 @@ def test_text_tab_holds_the_composed_config(board):
     server, run, run_dir, _ = board
     (entry,) = server.get_json("data/plugin/text/text", run=run, tag="config/text_summary")
     assert "global_batch_size: 64" in entry["text"] and f"output_dir: {run_dir}" in entry["text"]
-
-
-def test_throughput_windows_straggler_arithmetic_and_peak_gpu_memory(monkeypatch):
-    """The callback's arithmetic on a simulated GPU: no GPU exists here, so the callback is told it
-    runs on one and torch.cuda's memory and synchronize calls are replaced (tensors stay on the
-    CPU); so are the clock and the gather (rank 1 reports twice rank 0's samples, seconds and memory)."""
-    now, synced = [0.0], []
-    monkeypatch.setattr(throughput, "_on_gpu", lambda module: True)
-    monkeypatch.setattr(throughput, "time", SimpleNamespace(perf_counter=lambda: now[0]))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device: synced.append(now[0]))
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: None)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 512 * 2**20)
-    logged = []
-    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
-    trainer = SimpleNamespace(world_size=2, global_step=0, current_epoch=0, is_global_zero=True,
-                              log_every_n_steps=2, num_training_batches=3, loggers=[logger])  # fmt: skip
-    module = SimpleNamespace(device=torch.device("cpu"), all_gather=lambda t: torch.stack([t, 2 * t]))
-    batch = (torch.zeros(32, 1, 28, 28), torch.zeros(32, dtype=torch.long))
-
-    monitor = throughput.DistributedThroughputMonitor()
-    monitor.on_train_epoch_start(trainer, module)
-    for batch_idx, seconds in enumerate([1.0, 2.0, 4.0]):
-        now[0], trainer.global_step = seconds, batch_idx + 1
-        monitor.on_train_batch_end(trainer, module, None, batch, batch_idx)
-    now[0] = 5.0
-    monitor.on_train_epoch_end(trainer, module)
-
-    def rates(overall: float, rank_0: float, rank_1: float) -> dict[str, float]:
-        return {"throughput/samples_per_sec": overall, "throughput/rank_0/samples_per_sec": rank_0,
-                "throughput/rank_1/samples_per_sec": rank_1}  # fmt: skip
-
-    # Window 1: steps 1-2, rank 0 64 samples in 2 s, rank 1 128 in 4 s: 192 samples / 4 s overall.
-    # Window 2: the epoch's last step, 32 samples in 2 s and 64 in 4 s. Steps are logged 0-based.
-    assert logged == [
-        (1, rates(48.0, 32.0, 32.0)),
-        (2, rates(24.0, 16.0, 16.0)),
-        (2, {"time/epoch_s": 5.0, "memory/rank_0/peak_mib": 512.0, "memory/rank_1/peak_mib": 1024.0}),
-    ]
-    assert synced == [0.0, 2.0, 2.0, 4.0, 4.0, 5.0], "the GPU is synchronized before each clock reading"

@@ -8,8 +8,10 @@ from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import open_dict
 from omegaconf.errors import ValidationError
 
+from mnist_ddp.cli.preflight import check_command_line
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.cli.trainer import build_trainer
+from mnist_ddp.errors import UsageError
 
 register_configs()
 
@@ -77,3 +79,38 @@ def test_enable_progress_bar_false_leaves_the_progress_bar_callback_out(tmp_path
     trainer, _ = build_trainer(cfg)
     assert trainer.progress_bar_callback is None
     assert not any(isinstance(callback, ProgressBar) for callback in trainer.callbacks)
+
+
+REFUSED = [
+    ("data.global_batchsize=64", "Unknown key data.global_batchsize (keys of data: _target_, data_dir, global_"),
+    ("trainer.max_epochs=three", "trainer.max_epochs: Value 'three' of type 'str' could not be converted to Int"),
+    ("trainer.devices=0", "trainer.devices=0 is not a positive process count on CPU."),
+    ("data.global_batch_size=-64", "data.global_batch_size must be at least 1, got -64."),
+    ("model=transformer", "model=transformer: no such option in conf/model/ (available: cnn, mlp)."),
+    ("+data.shuffle=true", "data: MNISTDataModule.__init__() got an unexpected keyword argument 'shuffle'"),
+    (
+        "strategy.comm_hook=fp32",
+        "strategy.comm_hook: Invalid value 'fp32', expected one of [none, fp16, bf16, powersgd]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), REFUSED)
+def test_preflight_names_the_problem_and_what_is_allowed(override, message):
+    with pytest.raises(UsageError) as error:
+        check_command_line("config", ["trainer.accelerator=cpu", override])
+    assert str(error.value).startswith(message)
+    assert "\n" not in str(error.value)
+
+
+def test_a_bad_sweep_job_is_refused_before_the_sweep_starts():
+    with pytest.raises(UsageError, match="data.global_batch_size=127 does not split evenly"):
+        check_command_line("config", ["-m", "trainer.accelerator=cpu", "data.global_batch_size=128,127"])
+
+
+def test_presets_set_what_they_say():
+    # experiment=long: a wider CNN for longer; debug=fast_dev_run: Lightning's one-batch smoke run.
+    # (What the presets do in a real run: system/test_hydra.py, system/test_mnist_accuracy.py.)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=long", "debug=fast_dev_run"])
+    assert cfg.model.net.hidden == 256 and cfg.trainer.fast_dev_run is True

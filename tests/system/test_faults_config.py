@@ -1,0 +1,66 @@
+"""Settings the schema cannot see, refused as one line before any process launches and before
+any run directory exists: GPUs this machine does not have, a launcher that started another
+number of processes, a precision the device cannot run, a log folder that cannot be written.
+
+(SyncBatchNorm and NCCL on CPU are in test_ddp_failures.py.) The machine here has no GPU, so the
+GPU counts of the in-process checks are mocked (torch.cuda.is_available / device_count); so is
+SLURM, by its variables. torchrun runs for real.
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import REPO, cli_command, cli_env, torchrun
+
+QUICK = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "data.global_batch_size=64")
+
+
+def assert_refused_before_anything(result, log_dir: Path, message: str) -> None:
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.stderr.startswith(f"Error: {message}"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (log_dir / "runs").exists(), "no run directory, no process"
+
+
+def test_num_nodes_that_torchrun_did_not_start_are_refused_in_every_process(synthetic_data_dir, tmp_path):
+    result = torchrun(
+        "--standalone", "--nproc-per-node=2",
+        overrides=(f"data.data_dir={synthetic_data_dir}", *QUICK, "trainer.num_nodes=2"), log_dir=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0
+    message = (
+        "Error: You set devices=2 and num_nodes=2 in Lightning, but the product (2 * 2) does not match the world "
+        "size (2). Set trainer.num_nodes and trainer.devices to the launcher's nodes and processes per node "
+        "(torchrun --nnodes / --nproc-per-node)."
+    )
+    assert (result.stdout + result.stderr).count(message) == 2, "each of the 2 processes refuses"
+    assert not (tmp_path / "runs").exists(), "no run directory"
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root needs setpriv to drop rights")
+def test_a_read_only_log_folder_is_refused(synthetic_data_dir):
+    # Permission bits do not stop root: as root (CI), the command runs as user nobody (setpriv).
+    top = Path(tempfile.mkdtemp(prefix="read-only-"))  # not under pytest's tmp_path, which is private to root
+    try:
+        top.chmod(0o755)
+        (top / "logs").mkdir(mode=0o555)
+        home = top / "home"  # writable for the user, for matplotlib's cache
+        home.mkdir()
+        command = cli_command(f"data.data_dir={synthetic_data_dir}", *QUICK, log_dir=top / "logs")
+        if os.geteuid() == 0:
+            os.chown(home, 65534, 65534)
+            command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command]
+        env = cli_env(HOME=str(home), MPLCONFIGDIR=str(home))
+        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        logs = top / "logs"
+        message = f"paths.log_dir={logs} cannot be written (creating a file in {logs}: Permission denied)"
+        assert_refused_before_anything(result, logs, message)
+    finally:
+        shutil.rmtree(top)
+
+
+# --- the rendezvous address and the run directory ----------------------------------------------

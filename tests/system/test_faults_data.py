@@ -1,0 +1,73 @@
+"""The data from the command line: a data folder this user cannot read is named with the fix, and
+``python -m mnist_ddp.download`` fetches from a mirror or says in one line that it cannot.
+
+(Broken files, missing files and interrupted downloads are checked in process: unit/test_data.py;
+the training command without data in test_train_cli.py.)
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import assert_synthetic_files_in_place, copy_data
+from torchvision.datasets import MNIST
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root needs setpriv to drop rights")
+def test_an_unreadable_data_folder_is_named_with_the_fix(synthetic_data_dir):
+    # Permission bits do not stop root: as root (CI), the command runs as user nobody (setpriv).
+    top = Path(tempfile.mkdtemp(prefix="unreadable-"))  # not under pytest's tmp_path, which is private to root
+    try:
+        top.chmod(0o755)
+        raw = copy_data(synthetic_data_dir, top / "data")
+        raw.chmod(0o000)
+        home = top / "home"  # writable for the user, for matplotlib's cache
+        home.mkdir()
+        command = [sys.executable, "-m", "mnist_ddp.download", "--data-dir", str(top / "data")]
+        if os.geteuid() == 0:
+            os.chown(home, 65534, 65534)
+            command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command]
+        env = {**os.environ, "HOME": str(home), "MPLCONFIGDIR": str(home)}
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+        assert result.returncode == 1, result.stderr
+        assert result.stderr == (
+            f"Error: {raw} cannot be read: permission denied. Make it readable for this user (chmod a+rx on the "
+            "folders, a+r on the files), or point data.data_dir at a readable copy.\n"
+        )
+    finally:
+        (top / "data" / "MNIST" / "raw").chmod(0o755)
+        shutil.rmtree(top)
+
+
+def test_download_command_fetches_from_the_given_mirror(tmp_path, mirror, synthetic_data_dir):
+    # The command's main() in a subprocess, with its real arguments; --mirror points it at the local
+    # server. torchvision checks each archive against its MD5 list, so the child gets the synthetic
+    # archives' sums patched in first, as the fixture does in this process.
+    data_dir = tmp_path / "data"
+    wrapper = (
+        "import sys; from torchvision.datasets import MNIST; "
+        f"MNIST.resources = {MNIST.resources!r}; "
+        "from mnist_ddp.download import main; main(sys.argv[1:])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", wrapper, "--data-dir", str(data_dir), "--mirror", mirror[0].rstrip("/")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == f"MNIST is in {data_dir / 'MNIST' / 'raw'}; train with data.data_dir={data_dir}"
+    assert_synthetic_files_in_place(data_dir, synthetic_data_dir)
+
+
+def test_download_command_without_network_is_one_line_and_status_1(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "mnist_ddp.download", "--data-dir", str(tmp_path / "data"), "--mirror",
+         "http://127.0.0.1:9/"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"Error: MNIST is missing from {tmp_path / 'data' / 'MNIST' / 'raw'}")
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr

@@ -1,0 +1,164 @@
+"""Hydra the way users drive it, each through the real command line with 2 gloo processes:
+sweeps, presets, eval, resume, refused command lines, and an Optuna search."""
+
+import csv
+import json
+import re
+
+import torch
+from conftest import only, ranks_in_log, read_scalars, run_cli
+from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+# 2 gloo processes, 1,000 synthetic training images, 200 for validation.
+BASE = ("trainer.accelerator=cpu", "trainer.devices=2", "data.val_size=200", "data.global_batch_size=64")
+QUICK = (*BASE, "trainer.max_epochs=1")
+
+
+def fingerprints(run_dir) -> dict[int, str]:
+    """Each rank's 'Composed config sha256' from the job's log."""
+    text = (run_dir / "train.log").read_text()
+    return {int(rank): sha for rank, sha in re.findall(r"\[rank (\d+)\].*Composed config sha256 (\w+)", text)}
+
+
+# --- multirun --------------------------------------------------------------------------------
+
+
+def test_a_sweep_runs_each_job_once_with_its_own_ddp_processes_and_directory(synthetic_data_dir, tmp_path):
+    result = run_cli(
+        "-m",
+        f"data.data_dir={synthetic_data_dir}",
+        *QUICK,
+        "data.global_batch_size=32,64",
+        "debug=profiler",
+        log_dir=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["multiruns"], "no stray run directories"
+    sweep = only(tmp_path / "multiruns")
+    assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "multirun.yaml", "summary.csv"]
+    assert result.stdout.count("Launching 2 jobs locally") == 1, "the sweep must not be started again"
+    ports = []
+    for job, batch in (("0", 32), ("1", 64)):
+        job_dir = sweep / job
+        metrics = json.loads((job_dir / "metrics.json").read_text())
+        assert metrics["global_batch_size"] == batch and metrics["world_size"] == 2
+        assert ranks_in_log(job_dir) == {0, 1}, "both processes of the job log into its train.log"
+        assert set(fingerprints(job_dir)) == {0, 1} and len(set(fingerprints(job_dir).values())) == 1
+        assert read_scalars(job_dir / "tensorboard")["test/acc"] == [metrics["test/acc"]]
+        assert (job_dir / "checkpoints" / "last.ckpt").is_file()
+        # debug=profiler: each process of the job writes its own report into the job's directory.
+        for rank in (0, 1):
+            report = (job_dir / f"fit-profile-{rank}.txt").read_text()
+            assert "run_training_epoch" in report and "Total" in report
+        assert not (job_dir / "multiruns").exists() and not (job_dir / ".hydra" / "multirun.yaml").exists()
+        ports.append(json.loads((job_dir / "ddp.json").read_text())["master_port"])
+    assert fingerprints(sweep / "0") != fingerprints(sweep / "1")
+    assert ports[0] != ports[1], "each job starts its own process group"
+    # The sweep's summary: a row per job with its overrides, status and metrics, printed and in summary.csv.
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    for row, job, batch in zip(rows, "01", (32, 64)):
+        metrics = json.loads((sweep / job / "metrics.json").read_text())
+        assert metrics["status"] == row["status"] == "completed" and row["job"] == job
+        assert (
+            f"data.global_batch_size={batch}" in metrics["overrides"]
+            and f"data.global_batch_size={batch}" in row["overrides"]
+        )
+        assert row["test/acc"] == f"{metrics['test/acc']:.4f}" and row["val/acc"] == f"{metrics['val/acc']:.4f}"
+        assert re.search(
+            rf"\n{job} +data.global_batch_size={batch} +completed +{row['val/acc']} +{row['test/acc']}", result.stdout
+        )
+    # TensorBoard on the sweep directory: one run per job, side by side, each with its own HPARAMS row.
+    runs = EventMultiplexer().AddRunsFromDirectory(str(sweep))
+    runs.Reload()
+    sessions = {
+        run: HParamsPluginData.FromString(tags["_hparams_/session_start_info"]).session_start_info.hparams
+        for run, tags in runs.PluginRunToTagToContent("hparams").items()
+    }
+    assert sorted(sessions) == ["0/tensorboard", "1/tensorboard"]
+    assert [sessions[f"{job}/tensorboard"]["global_batch_size"].number_value for job in "01"] == [32, 64]
+
+
+# --- outputs of one job ----------------------------------------------------------------------
+
+
+# --- eval ------------------------------------------------------------------------------------
+
+
+# --- resume ----------------------------------------------------------------------------------
+
+
+# --- presets ---------------------------------------------------------------------------------
+
+
+def test_fast_experiment_with_debug_limit(synthetic_data_dir, tmp_path):
+    result = run_cli(f"data.data_dir={synthetic_data_dir}", *BASE, "experiment=fast", "debug=limit", log_dir=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    run = only(tmp_path / "runs")
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert any("running_mean" in key for key in state["state_dict"]), "BatchNorm layers from experiment=fast"
+    # 500 images per rank make 16 batches of 32 (global 64 from the command line wins over the
+    # preset's); debug=limit trains 2 epochs of at most 20 batches, validates and tests 5.
+    assert (state["epoch"], state["global_step"]) == (1, 2 * 16)
+    scalars = read_scalars(run / "tensorboard")
+    assert len(scalars["val/acc"]) == 3 and len(scalars["test/acc"]) == 1
+
+
+def test_debug_overfit_memorizes_a_few_batches(synthetic_data_dir, tmp_path):
+    result = run_cli(
+        f"data.data_dir={synthetic_data_dir}", *BASE, "debug=overfit", "trainer.max_epochs=10", log_dir=tmp_path
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    train_acc = read_scalars(only(tmp_path / "runs") / "tensorboard")["train/acc"]
+    assert len(train_acc) == 10 * 4, "4 batches per epoch, logged every step"
+    assert train_acc[0] < 0.5 and train_acc[-4:] == [1.0] * 4
+
+
+# --- refused command lines -------------------------------------------------------------------
+
+
+BATCH_SPLIT = (
+    "data.global_batch_size=63",
+    "data.global_batch_size=63 does not split evenly over world_size=2 processes x "
+    "trainer.accumulate_grad_batches=1: it must be a multiple of 2. Use data.global_batch_size=62 or 64.",
+)
+
+
+def test_a_bad_command_line_is_one_line_before_any_process_or_directory(tmp_path):
+    # The command's contract; each refusal's message is checked in process (unit/test_config.py).
+    override, message = BATCH_SPLIT
+    result = run_cli("trainer.accelerator=cpu", override, log_dir=tmp_path)
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"Error: {message}")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- hyperparameter search -------------------------------------------------------------------
+
+
+def test_optuna_search_gives_every_rank_of_a_trial_the_same_hyperparameters(synthetic_data_dir, tmp_path):
+    # Trial 0 fails on rank 1 at step 2: it is recorded as failed, and the search goes on.
+    result = run_cli(
+        "-m", f"data.data_dir={synthetic_data_dir}", *QUICK, "hparams_search=optuna", "hydra.sweeper.n_trials=2",
+        "+callbacks.fail._target_=probes.FailOnRank", "+callbacks.fail.rank=1", "+callbacks.fail.step=2",
+        f"+callbacks.fail.marker={tmp_path / 'failed'}", "+callbacks.fail.job=0", log_dir=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "Failed experiment: " in result.stdout + result.stderr, "Optuna told the trial failed"
+    sweep = only(tmp_path / "multiruns")
+    trials = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name for p in trials] == ["0", "1"]
+    rates = []
+    for trial in trials:
+        shas = fingerprints(trial)
+        assert set(shas) == {0, 1} and len(set(shas.values())) == 1, "both ranks composed the same trial config"
+        overrides = (trial / ".hydra" / "overrides.yaml").read_text()
+        rates.append(re.search(r"model.optimizer.lr=([\d.e-]+)", overrides).group(1))
+    assert rates[0] != rates[1], "two trials, two sampled learning rates"
+    results = (sweep / "optimization_results.yaml").read_text()
+    failed, completed = (json.loads((trial / "metrics.json").read_text()) for trial in trials)
+    assert failed["status"] == "failed" and failed["error"] == "RuntimeError: injected failure on rank 1 at step 2"
+    assert f"best_value: {completed['val/acc']}" in results, "the completed trial is the best"
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert [row["status"] for row in rows] == ["failed", "completed"]

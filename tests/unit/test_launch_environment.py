@@ -1,0 +1,63 @@
+"""SLURM's variables, as srun sets them for one task of a many-node job, mapped to ranks, the
+rendezvous address and the batch layout (no cluster here: the variables are set in this process),
+and the requeue callback's own refusals."""
+
+import os
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from omegaconf import open_dict
+
+from mnist_ddp.callbacks.signals import RequeueOnSlurmSignal
+from mnist_ddp.cli.job import launcher_rank, run_stamp
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.cli.trainer import build_trainer
+from mnist_ddp.distributed.checkpoint_io import LastCheckpoint
+from mnist_ddp.errors import ConfigValueError
+
+
+def test_slurm_variables_map_to_ranks_on_many_nodes(monkeypatch, tmp_path):
+    # Task 5 of 8 on 4 nodes (2 tasks each): the variables srun sets for it, with no cluster.
+    slurm = {"SLURM_JOB_ID": "1234567", "SLURM_JOB_NAME": "mnist-ddp", "SLURM_NTASKS": "8",
+             "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NUM_NODES": "4", "SLURM_NNODES": "4",
+             "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_STEP_ID": "0",
+             "SLURM_NODELIST": "gpu[07-10]"}  # fmt: skip
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    # Lightning's SLURMEnvironment exports MASTER_ADDR and MASTER_PORT into this process: set then
+    # delete them here, so that monkeypatch removes them again afterwards.
+    for key in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
+    assert run_stamp() == "slurm-1234567.0" and launcher_rank() == 5
+
+    register_configs()
+    overrides = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.num_nodes=4", f"paths.log_dir={tmp_path}"]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    trainer, layout = build_trainer(cfg)
+    environment = trainer.strategy.cluster_environment
+    assert isinstance(environment, SLURMEnvironment)
+    assert (environment.global_rank(), environment.local_rank(), environment.node_rank()) == (5, 1, 2)
+    assert environment.world_size() == layout["world_size"] == 8
+    assert (environment.main_address, environment.main_port) == ("gpu07", 15000 + 4567)
+    assert layout["per_device_batch_size"] == 128 // 8
+    assert os.environ["MASTER_ADDR"] == "gpu07", "exported by Lightning, removed by monkeypatch after the test"
+
+    # The requeue callback needs last.ckpt to save, and says so before training when it is gone.
+    (requeue,) = (callback for callback in trainer.callbacks if isinstance(callback, RequeueOnSlurmSignal))
+    trainer.callbacks = [callback for callback in trainer.callbacks if not isinstance(callback, LastCheckpoint)]
+    with pytest.raises(ConfigValueError, match="no callbacks.last_checkpoint: put it back"):
+        requeue.setup(trainer, None, "fit")
+    # Without scontrol the job is not requeued, and the message says how to resume by hand.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert RequeueOnSlurmSignal._requeue("/run/last.ckpt") == (
+        "scontrol requeue 1234567 failed (no scontrol on PATH): the job does not run again by itself; resume it "
+        "with ckpt_path=/run/last.ckpt."
+    )
