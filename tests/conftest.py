@@ -188,7 +188,7 @@ def fit_and_test_in_process(cfg, root_dir: Path, max_epochs: int = 3) -> tuple:
 
 # torchrun shares its rendezvous TCPStore with the workers by default, and since the store keeps
 # the previous attempt's keys, restarted workers meet stale peer addresses (pytorch/pytorch#135712).
-# Opting out of the sharing is torch's documented workaround; the README says so too.
+# Opting out of the sharing is torch's documented workaround; docs/scaling-out.md says so too.
 TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 

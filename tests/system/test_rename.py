@@ -24,8 +24,8 @@ NEW_DIST, NEW_PACKAGE = "-".join(("acme", "vision")), "_".join(("acme", "vision"
 #: The renamed project's quick subset: the schema, and training through the data and model configs
 #: (not the check against the real MNIST files, which may not be beside the copy).
 QUICK_TESTS = (
-    "tests/test_config.py tests/test_model_swap.py tests/test_data_swap.py --deselect "
-    "tests/test_data_swap.py::test_mnist_statistics_in_the_config_are_those_of_the_training_images"
+    "tests/unit/test_config.py tests/unit/test_models.py tests/unit/test_data_swap.py --deselect "
+    "tests/unit/test_data_swap.py::test_mnist_statistics_in_the_config_are_those_of_the_training_images"
 )
 
 
@@ -103,7 +103,7 @@ def test_no_trace_of_the_old_name_is_left(renamed):
     assert (renamed / "README.md").read_text().splitlines()[0] == f"# {NEW_DIST}"
     pyproject = (renamed / "pyproject.toml").read_text()
     assert f'name = "{NEW_DIST}"' in pyproject and f'{NEW_DIST}-train = "{NEW_PACKAGE}.train:cli"' in pyproject
-    assert f"_target_: {NEW_PACKAGE}.data.MNISTDataModule" in (renamed / "conf" / "data" / "idx.yaml").read_text()
+    assert f"_target_: {NEW_PACKAGE}.data.datamodule.MNISTDataModule" in (renamed / "conf" / "data" / "idx.yaml").read_text()
     # git sees the package's files as renamed (and edited), not as deleted and added anew.
     git("add", "--all", cwd=renamed)
     status = git("diff", "--cached", "--name-status", "-M", cwd=renamed)
