@@ -11,15 +11,17 @@ from pathlib import Path
 
 import hydra
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mnist_ddp.callbacks.signals import stop_on_signals
 from mnist_ddp.cli.job import METRICS_FILE, run_job
 from mnist_ddp.cli.outputs import write_json
 from mnist_ddp.cli.preflight import run_entry_point
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs, upgrade_targets
+from mnist_ddp.cli.saved_run import data_set_of_run, run_config_path, saved_run_config
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.cli.trainer import build_trainer
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.distributed.host_memory import keep_freed_host_memory
@@ -33,11 +35,11 @@ register_configs()
 
 def model_config(cfg: DictConfig, checkpoint: Path) -> DictConfig:
     """The ``model`` node of the checkpoint's training run, else ``cfg.model``."""
-    run_config = checkpoint.parent.parent / ".hydra" / "config.yaml"
-    if run_config.is_file():
-        info(f"Model config from the checkpoint's run: {run_config}")
-        return upgrade_targets(OmegaConf.load(run_config).model)
-    info(f"No run config at {run_config}: using model={cfg.model.net._target_} from this command's config")
+    run = saved_run_config(checkpoint)
+    if run is not None:
+        info(f"Model config from the checkpoint's run: {run_config_path(checkpoint)}")
+        return run.model
+    info(f"No run config at {run_config_path(checkpoint)}: using model={cfg.model.net._target_} from this command")
     return cfg.model
 
 
@@ -52,6 +54,17 @@ def main(cfg: DictConfig) -> float | None:
         JobFailedError: a process failed (reported as one line).
     """
     info(f"Run directory: {cfg.paths.output_dir}")
+    checkpoint = Path(cfg.ckpt_path).resolve()
+    # The data set the model was trained on, not this command's default (already checked against
+    # this command's overrides before the run directory existed: mnist_ddp.cli.preflight).
+    taken = data_set_of_run(cfg.data, checkpoint, HydraConfig.get().overrides.task)
+    if run_config_path(checkpoint).is_file():
+        info(f"Data set of the checkpoint's run: {', '.join(taken) or 'the same as this command'}")
+    else:
+        info(
+            f"No run config at {run_config_path(checkpoint)}: evaluating on this command's data set "
+            f"(data.subdir={cfg.data.subdir}, data.mean={cfg.data.mean}, data.std={cfg.data.std})"
+        )
     return run_job(evaluate, cfg, before_launch=check_before_launch).get("test/acc")
 
 
@@ -76,7 +89,7 @@ def evaluate(cfg: DictConfig) -> dict:
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     model: L.LightningModule = instantiate(model_config(cfg, checkpoint))
     check_checkpoint(checkpoint, model)
-    trainer, layout = build_trainer(cfg)
+    trainer, layout = build_trainer(cfg, evaluation=True)
 
     with stop_on_signals(trainer):
         # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.

@@ -17,12 +17,14 @@ import torch
 from conftest import REPO, fit_and_test_in_process, write_idx
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.mnist import read_image_file
 
 from mnist_ddp.cli.preflight import check_command_line
+from mnist_ddp.cli.saved_run import data_set_of_run, run_config_path
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
-from mnist_ddp.data.datamodule import MNISTDataModule
+from mnist_ddp.data.datamodule import MNISTDataModule, normalize
 from mnist_ddp.data.idx import import_class
 from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError, UsageError
 
@@ -167,3 +169,38 @@ def test_mnist_statistics_in_the_config_are_those_of_the_training_images(mnist_d
     pixels = read_image_file(str(mnist_data_dir / "MNIST" / "raw" / "train-images-idx3-ubyte")).float() / 255
     cfg = compose_config()
     assert (round(pixels.mean().item(), 4), round(pixels.std().item(), 4)) == (cfg.data.mean, cfg.data.std)
+
+
+# --- evaluation on the data set a checkpoint's run trained on ------------------------------------
+
+
+def test_eval_takes_the_data_set_of_the_checkpoints_run(letters_dir, synthetic_data_dir, tmp_path):
+    # A run trained on the letters (its config as Hydra saves it), evaluated by a command whose
+    # own data defaults are MNIST's.
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    (tmp_path / "run" / ".hydra").mkdir(parents=True)
+    OmegaConf.save(compose_config(*letters_overrides(letters_dir, 0.75, 0.4)), run_config_path(checkpoint))
+    command = [f"ckpt_path={checkpoint}", f"data.data_dir={letters_dir}"]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("eval", overrides=command)
+    assert cfg.data.class_names == [str(digit) for digit in range(10)], "this command's own default"
+
+    taken = data_set_of_run(cfg.data, checkpoint, command)
+    assert "data.mean=0.75" in taken and "data.subdir=." in taken
+    assert (cfg.data.class_names, cfg.data.mean, cfg.data.std) == (CLASS_NAMES, 0.75, 0.4)
+    datamodule = instantiate(cfg.data)
+    datamodule.setup("test")
+    letters = torch.from_numpy(idx_array(letters_dir / FILES["test_images"]).copy())
+    assert torch.equal(datamodule.test_set.tensors[0], normalize(letters, 0.75, 0.4)), "the run's files and statistics"
+
+    # An override that contradicts the run is refused, naming both values, before anything starts;
+    # one that agrees is fine, and so is a process count that does not divide the global batch.
+    for override, given in (("data.mean=0.5", "data.mean=0.5"), ("data=fashion_mnist", "data=fashion_mnist (data.")):
+        with pytest.raises(UsageError, match="the checkpoint's run trained on data.") as error:
+            check_command_line("eval", ["trainer.accelerator=cpu", *command, override])
+        assert str(error.value).startswith(given) and str(run_config_path(checkpoint)) in str(error.value)
+    check_command_line("eval", ["trainer.accelerator=cpu", "trainer.devices=3", *command, "data.mean=0.75"])
+
+    # Without a run config, the command's own data set, unchanged.
+    alone = tmp_path / "alone.ckpt"
+    assert data_set_of_run(cfg.data, alone, [f"ckpt_path={alone}"]) == []

@@ -37,6 +37,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from mnist_ddp.cli.job import launcher_rank, launcher_restarts
 from mnist_ddp.cli.resume import in_place_run_dir, resume_arguments
+from mnist_ddp.cli.saved_run import data_set_of_run
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.cli.sweep_summary import failed_jobs
 from mnist_ddp.distributed.launch import check_rendezvous_address, launched_externally
@@ -103,7 +104,9 @@ def check_command_line(config_name: str, args: Sequence[str]) -> None:
         defaults = compose(config_name)
         for job in sweep_jobs(overrides) if multirun else [overrides]:
             cfg, output_dir = _compose(config_name, job, defaults, multirun)
-            check_job(cfg)
+            check_job(cfg, training=config_name != "eval")
+            if config_name == "eval":  # the data set the checkpoint's run trained on
+                data_set_of_run(cfg.data, Path(cfg.ckpt_path), job)
     check_output_dir(output_dir, multirun, resume=cfg.get("ckpt_path") == "last")
 
 
@@ -210,8 +213,13 @@ def _describe(error: Exception, defaults: DictConfig) -> str:
     return str(error).strip().splitlines()[0]
 
 
-def check_job(cfg: DictConfig) -> None:
-    """Build the cheap parts of one job and check its layout. Raises UsageError."""
+def check_job(cfg: DictConfig, training: bool = True) -> None:
+    """Build the cheap parts of one job and check its layout (for ``training``, also that the
+    global batch splits evenly over the processes: evaluation takes no optimizer step).
+
+    Raises:
+        UsageError: the first problem found, as one line.
+    """
     for group in ("data", "model", "strategy", "callbacks"):
         try:
             instantiate(cfg[group])
@@ -235,7 +243,8 @@ def check_job(cfg: DictConfig) -> None:
     devices_per_node = device_count(devices, cuda)
     check_launch_environment(cfg.trainer.num_nodes, devices_per_node)
     world_size = cfg.trainer.num_nodes * devices_per_node
-    per_device_batch_size(cfg.data.global_batch_size, world_size, cfg.trainer.accumulate_grad_batches)
+    if training:
+        per_device_batch_size(cfg.data.global_batch_size, world_size, cfg.trainer.accumulate_grad_batches)
     check_device_options(
         "cuda" if cuda else "cpu", cfg.strategy.process_group_backend, cfg.trainer.sync_batchnorm, cfg.trainer.precision
     )

@@ -10,16 +10,26 @@ from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig
 
 from mnist_ddp.cli.job import launcher_restarts
-from mnist_ddp.distributed.layout import check_device_options, per_device_batch_size, resolve_devices
+from mnist_ddp.distributed.layout import (
+    check_device_options,
+    per_device_batch_size,
+    per_device_eval_batch_size,
+    resolve_devices,
+)
 
 
 def build_trainer(
-    cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = (), logger_options: Mapping[str, Any] | None = None
+    cfg: DictConfig,
+    extra_callbacks: Sequence[L.Callback] = (),
+    logger_options: Mapping[str, Any] | None = None,
+    evaluation: bool = False,
 ) -> tuple[L.Trainer, dict[str, int]]:
     """Instantiate the Trainer with its strategy, logger and callbacks from ``cfg``, plus
     ``extra_callbacks`` (those built from more than their own config node) and ``logger_options``
     (arguments for the logger beyond its config, default none). With
-    ``trainer.enable_progress_bar=false`` the progress bar callback is left out.
+    ``trainer.enable_progress_bar=false`` the progress bar callback is left out. With
+    ``evaluation`` (default False) the Trainer only evaluates: the global batch need not split
+    evenly over the processes (:func:`~mnist_ddp.distributed.layout.per_device_eval_batch_size`).
 
     Nothing is launched here: the DDP processes start in ``trainer.fit`` / ``trainer.test``.
 
@@ -30,7 +40,8 @@ def build_trainer(
     Raises:
         ConfigValueError: for options that cannot work on this device (NCCL, SyncBatchNorm or fp16
             mixed precision on CPU).
-        BatchSizeError: for a global batch that does not split evenly over the processes.
+        BatchSizeError: for a global batch that does not split evenly over the processes (in
+            training).
     """
     accelerator, devices = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
     callbacks = [*(instantiate(callback) for callback in cfg.get("callbacks", {}).values()), *extra_callbacks]
@@ -51,6 +62,13 @@ def build_trainer(
         cfg.trainer.sync_batchnorm,
         cfg.trainer.precision,
     )
+    if evaluation:
+        world_size = trainer.num_nodes * trainer.num_devices
+        return trainer, {
+            "world_size": world_size,
+            "global_batch_size": cfg.data.global_batch_size,
+            "per_device_batch_size": per_device_eval_batch_size(cfg.data.global_batch_size, world_size),
+        }
     return trainer, data_parallel_layout(trainer, cfg.data.global_batch_size)
 
 

@@ -23,11 +23,11 @@ import lightning as L
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset, default_convert
+from torch.utils.data import DataLoader, Dataset, TensorDataset, default_convert
 
 from mnist_ddp.data.idx import MNIST_FILES, NUM_CLASSES, check_idx_split, ensure_idx_files, import_class, read_idx_split
 from mnist_ddp.data.sharding import ResumableDataLoader, ResumableDistributedSampler
-from mnist_ddp.distributed.layout import per_device_batch_size
+from mnist_ddp.distributed.layout import per_device_batch_size, per_device_eval_batch_size
 from mnist_ddp.errors import ConfigValueError
 
 #: Mean and standard deviation of the MNIST training pixels on a 0..1 scale (over all 60,000
@@ -253,14 +253,12 @@ class MNISTDataModule(L.LightningDataModule):
         sampler = UnrepeatedDistributedSampler(
             dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
         )
-        return self._loader(dataset, sampler)
+        batch_size = per_device_eval_batch_size(self.hparams.global_batch_size, self.trainer.world_size)
+        return DataLoader(dataset, sampler=sampler, **self._loader_options(batch_size))
 
-    def _loader(self, dataset: Dataset, sampler: DistributedSampler) -> DataLoader:
-        return DataLoader(dataset, sampler=sampler, **self._loader_options())
-
-    def _loader_options(self) -> dict:
+    def _loader_options(self, batch_size: int | None = None) -> dict:
         return {
-            "batch_size": self.per_device_batch_size,
+            "batch_size": batch_size or self.per_device_batch_size,
             # The dataset returns whole batches (GatherDataset.__getitems__): nothing to stack.
             "collate_fn": default_convert,
             "num_workers": self.hparams.num_workers,

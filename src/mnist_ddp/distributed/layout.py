@@ -140,6 +140,23 @@ def per_device_batch_size(global_batch_size: int, world_size: int, accumulate_gr
     return global_batch_size // split
 
 
+def per_device_eval_batch_size(global_batch_size: int, world_size: int) -> int:
+    """Samples one process evaluates per batch: ``ceil(global_batch_size / world_size)``.
+
+    Evaluation takes no optimizer step, so the global batch need not split evenly over the
+    processes (and each sample is evaluated once whatever the batch size: the unpadded sampler of
+    :class:`~mnist_ddp.data.datamodule.MNISTDataModule`). In training, where the global batch
+    splits evenly, it is the training micro-batch times ``accumulate_grad_batches``.
+
+    Raises:
+        BatchSizeError: if either argument is below 1.
+    """
+    for name, value in [("data.global_batch_size", global_batch_size), ("world_size", world_size)]:
+        if value < 1:
+            raise BatchSizeError(f"{name} must be at least 1, got {value}.")
+    return -(-global_batch_size // world_size)
+
+
 class LRScaling(str, Enum):
     """How the learning rate follows the global batch size (``lr_scaling.rule``).
 

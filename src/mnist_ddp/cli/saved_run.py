@@ -1,0 +1,92 @@
+"""A training run's saved config, read back to use one of its checkpoints: the model it built and
+the data set it trained on.
+
+``python -m mnist_ddp.eval`` rebuilds the model from the run's ``.hydra/config.yaml`` and evaluates
+on the data set the run trained on, so that a network trained on Fashion-MNIST is not scored on
+MNIST because the eval command's defaults say MNIST. Where the files are (``data.data_dir``) and
+how they are loaded (workers, device, batch size) stay the command's own.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from mnist_ddp.cli.schema import upgrade_targets
+from mnist_ddp.errors import ConfigValueError
+
+#: The keys of ``data`` that say which data set a run trained on: its class, folder layout, file
+#: names, download, class names and normalization statistics (``conf/data/*.yaml``).
+DATA_SET_KEYS = ("_target_", "subdir", "files", "download", "class_names", "mean", "std")
+
+
+def run_config_path(checkpoint: Path) -> Path:
+    """Where the run that wrote ``checkpoint`` (``<run>/checkpoints/<file>.ckpt``) keeps its config."""
+    return Path(checkpoint).parent.parent / ".hydra" / "config.yaml"
+
+
+def saved_run_config(checkpoint: Path) -> DictConfig | None:
+    """The config of the run that wrote ``checkpoint``, with the ``_target_``s of earlier versions
+    renamed to today's (:func:`~mnist_ddp.cli.schema.upgrade_targets`); None without one."""
+    path = run_config_path(checkpoint)
+    return upgrade_targets(OmegaConf.load(path)) if path.is_file() else None
+
+
+def data_set_of_run(data: DictConfig, checkpoint: Path, overrides: Sequence[str]) -> list[str]:
+    """Set the data set keys (:data:`DATA_SET_KEYS`) of ``data``, this command's data config, to
+    those of the run that wrote ``checkpoint``, in place.
+
+    Args:
+        data: this command's ``data`` node.
+        checkpoint: the checkpoint to evaluate.
+        overrides: this command's overrides (``data=fashion_mnist``, ``data.mean=0.5`` ...): a key
+            they set must agree with the run's.
+
+    Returns:
+        ``key=value`` of each key taken from the run; empty when they all agreed or the run left
+        no config.
+
+    Raises:
+        ConfigValueError: when an override sets a data set key (or chooses a ``data`` group
+            whose value of one) other than the run's, naming both values.
+    """
+    run = saved_run_config(checkpoint)
+    if run is None or "data" not in run:
+        return []
+    explicit = _overridden_data_keys(overrides)
+    taken = []
+    for key in DATA_SET_KEYS:
+        ours, theirs = _plain(data.get(key)), _plain(run.data.get(key))
+        if ours == theirs:
+            continue
+        if key in explicit or "" in explicit:
+            given = f"data.{key}={ours}" if key in explicit else f"data={explicit['']} (data.{key}={ours})"
+            raise ConfigValueError(
+                f"{given}: the checkpoint's run trained on data.{key}={theirs} ({run_config_path(checkpoint)}). "
+                "Leave it out to evaluate on the data set the model was trained for."
+            )
+        if isinstance(theirs, dict):  # a typed node (data.files): its keys one by one
+            for name, value in theirs.items():
+                data[key][name] = value
+        else:
+            data[key] = theirs
+        taken.append(f"data.{key}={theirs}")
+    return taken
+
+
+def _overridden_data_keys(overrides: Sequence[str]) -> dict[str, str]:
+    """``{data key: value}`` set by ``overrides``, with ``""`` for a choice of the ``data`` group."""
+    keys = {}
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        name = override.key_or_group
+        if name == "data":
+            keys[""] = override.get_value_element_as_str()
+        elif name.startswith("data."):
+            keys[name.split(".")[1]] = override.get_value_element_as_str()
+    return keys
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value) if isinstance(value, DictConfig | ListConfig) else value
