@@ -20,8 +20,12 @@ from mnist_ddp.cli.job import run_stamp
 from mnist_ddp.distributed.layout import LRScaling
 from mnist_ddp.distributed.strategy import CommHook
 
-#: ``conf/`` at the repository root; the entry points read their configs from here.
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "conf"
+#: ``conf/``, where the entry points read their configs. An installed wheel (``pip install .``) has it
+#: as the package data ``mnist_ddp/conf/``, which pyproject.toml maps the repository's top-level
+#: ``conf/`` onto; a source checkout (the editable install of ``make``) has no such folder and reads
+#: the repository's ``conf/`` itself, so that an edit there takes effect at once.
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+CONFIG_DIR = _PACKAGE_DIR / "conf" if (_PACKAGE_DIR / "conf").is_dir() else _PACKAGE_DIR.parents[1] / "conf"
 
 #: Where the modules of version 0.1 (one flat package) moved in the layout by concern: a run saved
 #: before names the old paths in its config's ``_target_``s (see :func:`upgrade_targets`).
