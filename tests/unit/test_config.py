@@ -4,11 +4,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import EarlyStopping, ProgressBar, Timer
 from omegaconf import open_dict
 from omegaconf.errors import ValidationError
 
-from mnist_ddp.cli.preflight import check_command_line
+from mnist_ddp.cli.preflight import check_command_line, with_trainer_arguments
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.cli.trainer import build_trainer
 from mnist_ddp.errors import UsageError
@@ -82,12 +82,14 @@ def test_enable_progress_bar_false_leaves_the_progress_bar_callback_out(tmp_path
 
 
 REFUSED = [
-    ("data.global_batchsize=64", "Unknown key data.global_batchsize (keys of data: _target_, data_dir, global_"),
+    ("data.global_batchsize=64", "Unknown key data.global_batchsize (keys of data: _target_, class_names, data_dir"),
     ("trainer.max_epochs=three", "trainer.max_epochs: Value 'three' of type 'str' could not be converted to Int"),
     ("trainer.devices=0", "trainer.devices=0 is not a positive process count on CPU."),
     ("data.global_batch_size=-64", "data.global_batch_size must be at least 1, got -64."),
     ("model=transformer", "model=transformer: no such option in conf/model/ (available: cnn, mlp)."),
-    ("+data.shuffle=true", "data: MNISTDataModule.__init__() got an unexpected keyword argument 'shuffle'"),
+    ("+data.shuffle=true", "Unknown key data.shuffle (keys of data: _target_"),
+    ("+foo=bar", "Unknown key foo (keys of the config: callbacks, ckpt_path, data, launcher,"),
+    ("+trainer.devics=2", "Unknown key trainer.devics (trainer takes the arguments of lightning.pytorch.Trainer)."),
     (
         "strategy.comm_hook=fp32",
         "strategy.comm_hook: Invalid value 'fp32', expected one of [none, fp16, bf16, powersgd]",
@@ -114,3 +116,34 @@ def test_presets_set_what_they_say():
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=long", "debug=fast_dev_run"])
     assert cfg.model.net.hidden == 256 and cfg.trainer.fast_dev_run is True
+
+
+@pytest.mark.parametrize(
+    ("override", "suggestion"),
+    [("data.global_batchsize=64", "data.global_batch_size"), ("+trainer.devics=2", "trainer.devices"),
+     ("+strategy.bucket_cap=1", "strategy.bucket_cap_mb")],
+)  # fmt: skip
+def test_an_unknown_key_names_the_nearest_known_one(override, suggestion):
+    with pytest.raises(UsageError, match=f"Did you mean {suggestion}?"):
+        check_command_line("config", ["trainer.accelerator=cpu", override])
+
+
+def test_open_nodes_and_trainer_arguments_outside_the_schema_are_accepted(tmp_path):
+    # Open on purpose: a callback, an optimizer's keyword argument, an environment variable for the
+    # workers. A Trainer argument the schema leaves out needs no "+" (written in by the preflight).
+    overrides = ["trainer.accelerator=cpu", "+callbacks.stop._target_=lightning.pytorch.callbacks.EarlyStopping",
+                 "+callbacks.stop.monitor=val/loss", "+model.optimizer.amsgrad=true", "+launcher.env.NCCL_DEBUG=INFO",
+                 "trainer.max_time=00:00:10:00"]  # fmt: skip
+    check_command_line("config", overrides)
+    assert with_trainer_arguments(overrides)[-1] == "+trainer.max_time=00:00:10:00"
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[*with_trainer_arguments(overrides), f"paths.log_dir={tmp_path}"],
+                      return_hydra_config=True)  # fmt: skip
+    cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    trainer, _ = build_trainer(cfg)
+    (timer,) = (callback for callback in trainer.callbacks if isinstance(callback, Timer))
+    assert timer._duration == 600, "max_time reached the Trainer"
+    assert any(isinstance(callback, EarlyStopping) for callback in trainer.callbacks)

@@ -15,6 +15,9 @@ expands into several):
 4. the log folder is checked to be writable.
 """
 
+import dataclasses
+import difflib
+import inspect
 import itertools
 import logging
 import os
@@ -25,6 +28,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import lightning as L
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
@@ -38,7 +42,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from mnist_ddp.cli.job import launcher_rank, launcher_restarts
 from mnist_ddp.cli.resume import in_place_run_dir, resume_arguments
 from mnist_ddp.cli.saved_run import data_set_of_run
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.cli.schema import CONFIG_DIR, TrainerConfig, register_configs
 from mnist_ddp.cli.sweep_summary import failed_jobs
 from mnist_ddp.distributed.launch import check_rendezvous_address, launched_externally
 from mnist_ddp.distributed.layout import (
@@ -72,6 +76,7 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
         if (run_dir := in_place_run_dir(sys.argv[1:])) is not None:
             # The run's .hydra/ (its config and overrides) stays as the run wrote it.
             sys.argv = [sys.argv[0], *resume_arguments(run_dir, sys.argv[1:]), "hydra.output_subdir=null"]
+        sys.argv = [sys.argv[0], *with_trainer_arguments(sys.argv[1:])]
         check_command_line(config_name, sys.argv[1:])
     except UsageError as error:
         print(f"Error: {error}", file=sys.stderr)
@@ -95,7 +100,7 @@ def check_command_line(config_name: str, args: Sequence[str]) -> None:
     flags = [arg for arg in args if arg.startswith("-")]
     if any(flag not in ("-m", "--multirun") for flag in flags):
         return
-    overrides = [arg for arg in args if not arg.startswith("-")]
+    overrides = with_trainer_arguments([arg for arg in args if not arg.startswith("-")])
     register_configs()
     if not launched_externally():
         check_rendezvous_address()
@@ -145,6 +150,8 @@ def _compose(config_name: str, overrides: list[str], defaults: DictConfig, multi
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
+    if unknown := unknown_keys(cfg):
+        raise UsageError(_unknown_key(unknown[0], cfg))
     missing = missing_values(cfg)
     if missing:
         raise UsageError(
@@ -201,13 +208,71 @@ def missing_values(node: DictConfig | ListConfig, prefix: str = "") -> list[str]
     return found
 
 
+#: The arguments of ``lightning.pytorch.Trainer``: any of them is a known ``trainer`` key, also
+#: one the schema leaves out (``trainer.max_time=...`` needs no ``+``: :func:`with_trainer_arguments`).
+TRAINER_ARGUMENTS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
+
+
+def with_trainer_arguments(args: Sequence[str]) -> list[str]:
+    """``args`` with ``trainer.<name>=...`` written ``+trainer.<name>=...`` where ``name`` is an
+    argument of Lightning's Trainer that the schema (:class:`~mnist_ddp.cli.schema.TrainerConfig`)
+    leaves out: Hydra adds a key only with ``+``, and a Trainer argument is no unknown key."""
+    schema = {field.name for field in dataclasses.fields(TrainerConfig)}
+    rewritten = []
+    for arg in args:
+        key = arg.split("=", 1)[0]
+        name = key.removeprefix("trainer.")
+        if key.startswith("trainer.") and "=" in arg and name in TRAINER_ARGUMENTS and name not in schema:
+            arg = f"+{arg}"
+        rewritten.append(arg)
+    return rewritten
+
+
+def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """The dotted keys under ``node`` that its schema (a dataclass of :mod:`mnist_ddp.cli.schema`)
+    does not have: added with ``+``, by a typo or for an option that does not exist. The nodes the
+    schema leaves open on purpose (typed ``Any`` or ``dict``: ``callbacks``, ``model.net``,
+    ``model.optimizer`` and ``model.scheduler``, whose keyword arguments their classes check when
+    they are built, ``launcher.env``) are not looked into; under ``trainer`` every argument of
+    Lightning's Trainer is known (:data:`TRAINER_ARGUMENTS`)."""
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return []
+    known = {field.name for field in dataclasses.fields(schema)}
+    if schema is TrainerConfig:
+        known |= TRAINER_ARGUMENTS
+    found = []
+    for key in node:
+        if key not in known:
+            found.append(f"{prefix}{key}")
+        elif isinstance(child := node._get_node(key), DictConfig) and not child._is_interpolation():
+            found.extend(unknown_keys(child, f"{prefix}{key}."))
+    return found
+
+
+def _unknown_key(key: str, cfg: DictConfig) -> str:
+    """The message for ``key``, which ``cfg`` (its schema) does not have: the keys it could be."""
+    parent, _, name = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    if dataclasses.is_dataclass(schema):
+        keys = sorted(field.name for field in dataclasses.fields(schema))
+    else:
+        keys = sorted(str(known) for known in node if known != name) if isinstance(node, DictConfig) else []
+    if parent == "trainer":
+        keys = sorted(TRAINER_ARGUMENTS)
+        allowed = "trainer takes the arguments of lightning.pytorch.Trainer"
+    else:
+        allowed = f"keys of {parent or 'the config'}: {', '.join(keys) or 'none'}"
+    close = difflib.get_close_matches(name, keys, n=1)
+    hint = f" Did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+    return f"Unknown key {key} ({allowed}).{hint}"
+
+
 def _describe(error: Exception, defaults: DictConfig) -> str:
     cause = error.__cause__ or error
     if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
-        parent, _, _ = cause.full_key.rpartition(".")
-        node = OmegaConf.select(defaults, parent) if parent else defaults
-        allowed = ", ".join(str(key) for key in node) if isinstance(node, DictConfig) else "none"
-        return f"Unknown key {cause.full_key} (keys of {parent or 'the config'}: {allowed})."
+        return _unknown_key(cause.full_key, defaults)
     if isinstance(cause, ValidationError) and cause.full_key:
         return f"{cause.full_key}: {str(cause).splitlines()[0]}."
     return str(error).strip().splitlines()[0]
