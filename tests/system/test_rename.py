@@ -103,7 +103,10 @@ def test_no_trace_of_the_old_name_is_left(renamed):
     assert (renamed / "README.md").read_text().splitlines()[0] == f"# {NEW_DIST}"
     pyproject = (renamed / "pyproject.toml").read_text()
     assert f'name = "{NEW_DIST}"' in pyproject and f'{NEW_DIST}-train = "{NEW_PACKAGE}.train:cli"' in pyproject
-    assert f"_target_: {NEW_PACKAGE}.data.datamodule.MNISTDataModule" in (renamed / "conf" / "data" / "idx.yaml").read_text()
+    assert (
+        f"_target_: {NEW_PACKAGE}.data.datamodule.MNISTDataModule"
+        in (renamed / "conf" / "data" / "idx.yaml").read_text()
+    )
     # git sees the package's files as renamed (and edited), not as deleted and added anew.
     git("add", "--all", cwd=renamed)
     status = git("diff", "--cached", "--name-status", "-M", cwd=renamed)
