@@ -155,7 +155,7 @@ def test_on_device_with_dataloader_workers_is_refused_by_name(synthetic_data_dir
 def test_prepare_data_with_files_present_does_not_download(synthetic_data_dir, monkeypatch):
     monkeypatch.setattr(MNIST, "mirrors", ["http://127.0.0.1:9/"])  # would fail if a download were tried
     before = {p: p.stat().st_mtime_ns for p in (synthetic_data_dir / "MNIST" / "raw").iterdir()}
-    MNISTDataModule(str(synthetic_data_dir)).prepare_data()
+    MNISTDataModule(str(synthetic_data_dir), val_size=VAL_SIZE).prepare_data()
     assert {p: p.stat().st_mtime_ns for p in (synthetic_data_dir / "MNIST" / "raw").iterdir()} == before
 
 
@@ -165,7 +165,7 @@ def test_prepare_data_without_files_or_network_names_folder_and_files(tmp_path, 
     monkeypatch.setattr(MNIST, "mirrors", ["http://127.0.0.1:9/"])
     data_dir = tmp_path / "data"
     with pytest.raises(DataNotAvailableError) as error:
-        MNISTDataModule(str(data_dir)).prepare_data()
+        MNISTDataModule(str(data_dir), val_size=VAL_SIZE).prepare_data()
     message = str(error.value)
     assert str(data_dir / "MNIST" / "raw") in message
     assert all(name in message for name in MNIST_FILES.values())
@@ -176,7 +176,7 @@ def test_prepare_data_without_files_or_network_names_folder_and_files(tmp_path, 
 def test_prepare_data_moves_a_complete_download_into_place(tmp_path, monkeypatch, mirror, synthetic_data_dir):
     monkeypatch.setattr(MNIST, "mirrors", [mirror[0]])
     data_dir = tmp_path / "data"
-    MNISTDataModule(str(data_dir)).prepare_data()
+    MNISTDataModule(str(data_dir), val_size=VAL_SIZE).prepare_data()
     assert_synthetic_files_in_place(data_dir, synthetic_data_dir)
     raw = data_dir / "MNIST" / "raw"
     assert np.frombuffer((raw / "t10k-labels-idx1-ubyte").read_bytes()[8:], np.uint8).size == 300
@@ -191,10 +191,10 @@ def test_a_download_cut_off_half_way_leaves_no_file_and_the_next_one_completes(
     data_dir = tmp_path / "data"
     # torchvision keeps the bytes that came, and its MD5 check of the archive refuses them.
     with pytest.raises(DataNotAvailableError, match="could not be downloaded: File not found or corrupted"):
-        MNISTDataModule(str(data_dir)).prepare_data()
+        MNISTDataModule(str(data_dir), val_size=VAL_SIZE).prepare_data()
     assert not data_dir.exists(), "no partial file may be taken for a good one later, no empty folder left"
     handler.cut_off = None  # the network is back
-    MNISTDataModule(str(data_dir)).prepare_data()
+    MNISTDataModule(str(data_dir), val_size=VAL_SIZE).prepare_data()
     assert_synthetic_files_in_place(data_dir, synthetic_data_dir)
 
 
@@ -244,9 +244,15 @@ def test_a_broken_file_is_refused_naming_it(synthetic_data_dir, tmp_path, case):
     raw = copy_data(synthetic_data_dir, tmp_path / "data")
     corrupt(raw / name)
     with pytest.raises(DataFormatError, match=re.escape(message)) as error:
-        MNISTDataModule(str(tmp_path / "data")).prepare_data()  # what runs before any process launches
+        MNISTDataModule(str(tmp_path / "data"), val_size=VAL_SIZE).prepare_data()  # what runs before any process launches
     assert str(raw / name) in str(error.value)
     # setup, which every DDP process runs, refuses it too.
     datamodule = MNISTDataModule(str(tmp_path / "data"), val_size=100)
     with pytest.raises(DataFormatError, match=re.escape(message)):
         datamodule.setup("fit" if name.startswith("train") else "test")
+
+
+def test_a_validation_split_as_large_as_the_training_split_is_refused_before_launch(synthetic_data_dir):
+    # prepare_data runs once before any process launches; setup, in every process, checks it too.
+    with pytest.raises(ConfigValueError, match=r"data.val_size=1200 must be between 1 and 1199 \(the training split"):
+        MNISTDataModule(str(synthetic_data_dir), val_size=1200).prepare_data()

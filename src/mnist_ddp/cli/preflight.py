@@ -285,14 +285,17 @@ def check_job(cfg: DictConfig, training: bool = True) -> None:
     Raises:
         UsageError: the first problem found, as one line.
     """
+    built = {}
     for group in ("data", "model", "strategy", "callbacks"):
         try:
-            instantiate(cfg[group])
+            built[group] = instantiate(cfg[group])
         except InstantiationException as error:
             if isinstance(error.__cause__, UsageError):
                 raise error.__cause__ from None
             hint = _unexpected_argument_hint(cfg[group], group, error.__cause__)
             raise UsageError(f"{group}: {error.__cause__ or error}{hint}") from None
+    if training:
+        check_schedule(cfg.trainer, built["model"])
     accelerator, devices = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
     devices = OmegaConf.to_container(devices) if OmegaConf.is_list(devices) else devices
     cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
@@ -314,6 +317,28 @@ def check_job(cfg: DictConfig, training: bool = True) -> None:
         "cuda" if cuda else "cpu", cfg.strategy.process_group_backend, cfg.trainer.sync_batchnorm, cfg.trainer.precision
     )
     check_writable("paths.log_dir", Path(cfg.paths.log_dir))
+
+
+def check_schedule(trainer: DictConfig, model: L.LightningModule) -> None:
+    """Refuse a run that would train nothing, and build ``model``'s optimizer and scheduler once, as
+    ``configure_optimizers`` will in every process, so that the values torch refuses (a negative
+    learning rate) are one line here instead of an error in every process after they started.
+
+    Raises:
+        ConfigValueError: naming the key and torch's reason.
+    """
+    if trainer.max_epochs == 0 or trainer.max_epochs < -1:
+        raise ConfigValueError(
+            f"trainer.max_epochs={trainer.max_epochs} trains nothing: set at least 1 (or -1 with trainer.max_steps)."
+        )
+    try:
+        optimizer = model.build_optimizer()
+    except (ValueError, TypeError) as error:
+        raise ConfigValueError(f"model.optimizer: {error}") from None
+    try:
+        model.build_scheduler(optimizer, total_steps=1)  # the run's step count is known only once it runs
+    except (ValueError, TypeError) as error:
+        raise ConfigValueError(f"model.scheduler: {error}") from None
 
 
 def _unexpected_argument_hint(node: DictConfig, path: str, error: BaseException | None) -> str:

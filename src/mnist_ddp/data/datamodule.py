@@ -169,8 +169,9 @@ class MNISTDataModule(L.LightningDataModule):
         ensure_idx_files(self.raw_dir, list(self.hparams.files.values()), self.hparams.download)
         # Before any DDP process launches (the entry points call this first): a corrupt or
         # mismatched file is refused here, not in every process's setup.
-        for split in ("train", "test"):
-            check_idx_split(*self._split_files(split), len(self.class_names))
+        train_labels = check_idx_split(*self._split_files("train"), len(self.class_names))
+        check_idx_split(*self._split_files("test"), len(self.class_names))
+        self._check_val_size(len(train_labels))
 
     def setup(self, stage: str) -> None:
         if self.hparams.on_device and self.hparams.num_workers > 0:
@@ -181,8 +182,7 @@ class MNISTDataModule(L.LightningDataModule):
         if stage in ("fit", "validate") and self.train_set is None:
             full = self._load("train")
             val_size = self.hparams.val_size
-            if not 0 < val_size < len(full):
-                raise ConfigValueError(f"data.val_size={val_size} must be between 1 and {len(full) - 1}.")
+            self._check_val_size(len(full))
             # Same generator seed on every rank and every stage -> the same split everywhere.
             order = torch.randperm(len(full), generator=torch.Generator().manual_seed(self.hparams.split_seed))
             images, labels = full.tensors
@@ -195,6 +195,13 @@ class MNISTDataModule(L.LightningDataModule):
             for name in ("train_set", "val_set", "test_set"):
                 if (split := getattr(self, name)) is not None:
                     setattr(self, name, GatherDataset(*(t.to(device) for t in split.tensors)))
+
+    def _check_val_size(self, train_count: int) -> None:
+        if not 0 < self.hparams.val_size < train_count:
+            raise ConfigValueError(
+                f"data.val_size={self.hparams.val_size} must be between 1 and {train_count - 1} "
+                f"(the training split has {train_count} images)."
+            )
 
     @property
     def per_device_batch_size(self) -> int:

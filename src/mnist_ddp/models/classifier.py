@@ -65,6 +65,38 @@ class MNISTClassifier(L.LightningModule):
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
 
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer over this module's parameters (``model.optimizer``).
+
+        Raises:
+            ValueError, TypeError: as torch's optimizer refuses its arguments (a negative learning
+                rate: ``Invalid learning rate: -0.1``).
+        """
+        return self.optimizer_factory(params=self.parameters())
+
+    @property
+    def schedule_needs_total_steps(self) -> bool:
+        """Whether the scheduler takes ``total_steps`` (``OneCycleLR``) and the config leaves it to the run."""
+        if self.scheduler_factory is None:
+            return False
+        bound = getattr(self.scheduler_factory, "keywords", {})
+        return "total_steps" in inspect.signature(self.scheduler_factory).parameters and "total_steps" not in bound
+
+    def build_scheduler(
+        self, optimizer: torch.optim.Optimizer, total_steps: int | None
+    ) -> torch.optim.lr_scheduler.LRScheduler:
+        """The learning-rate scheduler of ``optimizer`` (``model.scheduler``; a constant one when
+        None, so that LearningRateMonitor logs the rate as train/lr either way). ``total_steps``:
+        the run's optimizer steps, used when :attr:`schedule_needs_total_steps`.
+
+        Raises:
+            ValueError, TypeError: as torch's scheduler refuses its arguments.
+        """
+        if self.scheduler_factory is None:
+            return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
+        kwargs = {"total_steps": total_steps} if self.schedule_needs_total_steps else {}
+        return self.scheduler_factory(optimizer=optimizer, **kwargs)
+
     def configure_model(self) -> None:
         # Called by Lightning in every process before DDP wraps the module.
         if self.compile_net:
@@ -145,17 +177,12 @@ class MNISTClassifier(L.LightningModule):
             )
 
     def configure_optimizers(self) -> dict:
-        optimizer = self.optimizer_factory(params=self.parameters())
-        if self.scheduler_factory is None:
-            # A constant schedule, so that LearningRateMonitor logs the rate as train/lr either way.
-            scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
-        else:
-            kwargs = {}
-            bound = getattr(self.scheduler_factory, "keywords", {})
-            if "total_steps" in inspect.signature(self.scheduler_factory).parameters and "total_steps" not in bound:
-                kwargs["total_steps"] = self.trainer.estimated_stepping_batches
-                self._check_resumed_schedule(kwargs["total_steps"])
-            scheduler = self.scheduler_factory(optimizer=optimizer, **kwargs)
+        optimizer = self.build_optimizer()
+        total_steps = None
+        if self.schedule_needs_total_steps:
+            total_steps = self.trainer.estimated_stepping_batches
+            self._check_resumed_schedule(total_steps)
+        scheduler = self.build_scheduler(optimizer, total_steps)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval, "name": "train/lr"},
