@@ -244,7 +244,8 @@ def test_a_broken_file_is_refused_naming_it(synthetic_data_dir, tmp_path, case):
     raw = copy_data(synthetic_data_dir, tmp_path / "data")
     corrupt(raw / name)
     with pytest.raises(DataFormatError, match=re.escape(message)) as error:
-        MNISTDataModule(str(tmp_path / "data"), val_size=VAL_SIZE).prepare_data()  # what runs before any process launches
+        # What runs before any process launches.
+        MNISTDataModule(str(tmp_path / "data"), val_size=VAL_SIZE).prepare_data()
     assert str(raw / name) in str(error.value)
     # setup, which every DDP process runs, refuses it too.
     datamodule = MNISTDataModule(str(tmp_path / "data"), val_size=100)

@@ -6,10 +6,12 @@ into these dataclasses, so a mistyped key (``data.global_batchsize=64``) or a wr
 (``trainer.max_epochs=three``) is refused while the config is composed, before any process
 or DDP process group exists.
 
-Fields without a default are ``MISSING`` here and must be given by the group's YAML file.
+Every field is ``MISSING`` here: the values are in ``conf/``, one place per default (a test,
+``tests/unit/test_defaults.py``, keeps it so and compares the YAML with the signatures of the
+template's own classes).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,18 +66,18 @@ class IDXFilesConfig:
 class DataConfig:
     """``data`` group: arguments of :class:`mnist_ddp.data.datamodule.MNISTDataModule`."""
 
-    _target_: str = "mnist_ddp.data.datamodule.MNISTDataModule"
+    _target_: str = MISSING
     data_dir: str = MISSING
     global_batch_size: int = MISSING
     val_size: int = MISSING
     split_seed: int = MISSING
     shuffle_seed: int = MISSING
-    num_workers: int = 0
-    prepare_data_per_node: bool = True
-    on_device: bool = False
+    num_workers: int = MISSING
+    prepare_data_per_node: bool = MISSING
+    on_device: bool = MISSING
     subdir: str = MISSING
     files: IDXFilesConfig = MISSING
-    download: str | None = None
+    download: str | None = MISSING
     class_names: list[str] = MISSING
     mean: float = MISSING
     std: float = MISSING
@@ -89,12 +91,12 @@ class ModelConfig:
     checked when they are instantiated (still before any process launches).
     """
 
-    _target_: str = "mnist_ddp.models.classifier.MNISTClassifier"
+    _target_: str = MISSING
     net: Any = MISSING
     optimizer: Any = MISSING
-    scheduler: Any = None
-    scheduler_interval: str = "step"
-    compile: bool = False
+    scheduler: Any = MISSING
+    scheduler_interval: str = MISSING
+    compile: bool = MISSING
 
 
 @dataclass
@@ -109,33 +111,33 @@ class TrainerConfig:
     :func:`mnist_ddp.distributed.layout.resolve_devices`).
     """
 
-    _target_: str = "lightning.pytorch.Trainer"
+    _target_: str = MISSING
     accelerator: str = MISSING
     devices: Any = MISSING
-    num_nodes: int = 1
-    precision: str = "32-true"
+    num_nodes: int = MISSING
+    precision: str = MISSING
     max_epochs: int = MISSING
-    max_steps: int = -1
-    accumulate_grad_batches: int = 1
-    gradient_clip_val: float | None = None
-    check_val_every_n_epoch: int = 1
-    val_check_interval: Any = None
-    limit_train_batches: Any = None
-    limit_val_batches: Any = None
-    limit_test_batches: Any = None
-    num_sanity_val_steps: int = 2
-    log_every_n_steps: int = 50
-    sync_batchnorm: bool = False
-    deterministic: bool | None = None
-    benchmark: bool | None = None
-    fast_dev_run: Any = False
-    overfit_batches: Any = 0.0
-    profiler: Any = None
-    enable_progress_bar: bool = True
-    enable_model_summary: bool = True
-    use_distributed_sampler: bool = False
-    enable_checkpointing: bool = True
-    default_root_dir: str | None = None
+    max_steps: int = MISSING
+    accumulate_grad_batches: int = MISSING
+    gradient_clip_val: float | None = MISSING
+    check_val_every_n_epoch: int = MISSING
+    val_check_interval: Any = MISSING
+    limit_train_batches: Any = MISSING
+    limit_val_batches: Any = MISSING
+    limit_test_batches: Any = MISSING
+    num_sanity_val_steps: int = MISSING
+    log_every_n_steps: int = MISSING
+    sync_batchnorm: bool = MISSING
+    deterministic: bool | None = MISSING
+    benchmark: bool | None = MISSING
+    fast_dev_run: Any = MISSING
+    overfit_batches: Any = MISSING
+    profiler: Any = MISSING
+    enable_progress_bar: bool = MISSING
+    enable_model_summary: bool = MISSING
+    use_distributed_sampler: bool = MISSING
+    enable_checkpointing: bool = MISSING
+    default_root_dir: str | None = MISSING
 
 
 @dataclass
@@ -148,18 +150,18 @@ class StrategyConfig:
     ``checkpoint_io`` (a Lightning ``CheckpointIO``; None: Lightning's own).
     """
 
-    _target_: str = "mnist_ddp.distributed.strategy.CommHookDDPStrategy"
-    process_group_backend: str | None = None
-    timeout: Any = None
-    find_unused_parameters: bool = False
-    static_graph: bool = False
-    gradient_as_bucket_view: bool = False
-    bucket_cap_mb: float = 25.0
-    broadcast_buffers: bool = True
-    comm_hook: CommHook = CommHook.none
-    powersgd_rank: int = 1
-    powersgd_start_iter: int = 10
-    checkpoint_io: Any = None
+    _target_: str = MISSING
+    process_group_backend: str | None = MISSING
+    timeout: Any = MISSING
+    find_unused_parameters: bool = MISSING
+    static_graph: bool = MISSING
+    gradient_as_bucket_view: bool = MISSING
+    bucket_cap_mb: float = MISSING
+    broadcast_buffers: bool = MISSING
+    comm_hook: CommHook = MISSING
+    powersgd_rank: int = MISSING
+    powersgd_start_iter: int = MISSING
+    checkpoint_io: Any = MISSING
 
 
 @dataclass
@@ -167,20 +169,20 @@ class LRScalingConfig:
     """``lr_scaling``: ``model.optimizer.lr`` is the rate at ``reference_batch_size``; see
     :func:`mnist_ddp.distributed.layout.scale_learning_rate`."""
 
-    rule: LRScaling = LRScaling.none
-    reference_batch_size: int = 128
+    rule: LRScaling = MISSING
+    reference_batch_size: int = MISSING
 
 
 @dataclass
 class TensorBoardLoggerConfig:
     """``logger`` group: arguments of ``lightning.pytorch.loggers.TensorBoardLogger``."""
 
-    _target_: str = "lightning.pytorch.loggers.TensorBoardLogger"
+    _target_: str = MISSING
     save_dir: str = MISSING
-    name: str | None = None
-    version: str = ""
-    default_hp_metric: bool = False
-    log_graph: bool = False
+    name: str | None = MISSING
+    version: str = MISSING
+    default_hp_metric: bool = MISSING
+    log_graph: bool = MISSING
 
 
 @dataclass
@@ -189,7 +191,7 @@ class LauncherConfig:
 
     rendezvous_timeout: float = MISSING
     shutdown_timeout: float = MISSING
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = MISSING
 
 
 @dataclass
@@ -212,7 +214,7 @@ class JobConfig:
     trainer: TrainerConfig = MISSING
     strategy: StrategyConfig = MISSING
     logger: TensorBoardLoggerConfig = MISSING
-    callbacks: dict[str, Any] = field(default_factory=dict)
+    callbacks: dict[str, Any] = MISSING
     paths: PathsConfig = MISSING
     launcher: LauncherConfig = MISSING
     seed: int = MISSING
@@ -225,8 +227,8 @@ class Config(JobConfig):
     ``ckpt_path`` resumes ``trainer.fit`` from a checkpoint when set.
     """
 
-    lr_scaling: LRScalingConfig = field(default_factory=LRScalingConfig)
-    ckpt_path: str | None = None
+    lr_scaling: LRScalingConfig = MISSING
+    ckpt_path: str | None = MISSING
 
 
 @dataclass

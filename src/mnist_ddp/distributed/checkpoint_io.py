@@ -152,18 +152,17 @@ class LastCheckpoint(ModelCheckpoint):
 
     Args:
         dirpath: the checkpoint folder.
-        every_n_train_steps: optimizer steps between saves inside an epoch (default None: none).
-        train_time_interval: time between saves inside an epoch (default None: none; the config
-            sets 30 minutes). Its time check is a broadcast from rank 0 every step, so that every
+        every_n_train_steps: optimizer steps between saves inside an epoch, or None (the config's
+            default: ``conf/callbacks/default.yaml``).
+        train_time_interval: time between saves inside an epoch, or None (the config's default:
+            30 minutes). Its time check is a broadcast from rank 0 every step, so that every
             rank decides alike.
 
     Raises:
         ConfigValueError: when both are set (Lightning takes one trigger inside an epoch).
     """
 
-    def __init__(
-        self, dirpath: str, every_n_train_steps: int | None = None, train_time_interval: timedelta | None = None
-    ) -> None:
+    def __init__(self, dirpath: str, every_n_train_steps: int | None, train_time_interval: timedelta | None) -> None:
         if every_n_train_steps is not None and train_time_interval is not None:
             raise ConfigValueError(
                 f"callbacks.last_checkpoint: every_n_train_steps={every_n_train_steps} and train_time_interval="

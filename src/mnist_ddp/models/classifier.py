@@ -45,7 +45,7 @@ class MNISTClassifier(L.LightningModule):
         self,
         net: nn.Module,
         optimizer: Callable[..., torch.optim.Optimizer],
-        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None,
         scheduler_interval: str = "step",
         compile: bool = False,
     ) -> None:

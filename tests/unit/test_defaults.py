@@ -1,0 +1,99 @@
+"""One place per default: ``conf/`` holds every value; the schema only says which keys exist and
+their types; the template's own classes take no default or the one the config gives.
+
+(Lightning's and torch's classes keep their own defaults: the config sets what the template
+chooses differently, such as ``trainer.log_every_n_steps``.)
+"""
+
+import dataclasses
+import inspect
+from enum import Enum
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import get_object
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+from mnist_ddp.cli import schema
+from mnist_ddp.cli.preflight import missing_values
+from mnist_ddp.cli.saved_run import DATA_SET_KEYS
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+
+register_configs()
+
+SCHEMAS = [obj for obj in vars(schema).values() if isinstance(obj, type) and dataclasses.is_dataclass(obj)]
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("dataclass", SCHEMAS, ids=lambda dataclass: dataclass.__name__)
+def test_the_schema_holds_no_values(dataclass):
+    with_a_value = [
+        field.name
+        for field in dataclasses.fields(dataclass)
+        if field.default_factory is not dataclasses.MISSING
+        or (field.default is not dataclasses.MISSING and field.default != MISSING)
+    ]
+    assert with_a_value == [], f"{dataclass.__name__}: set these in conf/, not in the schema"
+
+
+@pytest.mark.parametrize("config_name", ["config", "eval"])
+def test_the_default_configs_set_every_key(config_name):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name)
+    assert missing_values(cfg) == (["ckpt_path"] if config_name == "eval" else [])
+
+
+def targets(node, path="") -> list[tuple[str, DictConfig]]:
+    """Every ``(dotted path, node)`` under ``node`` whose ``_target_`` is one of the template's classes."""
+    found = []
+    if isinstance(node, DictConfig):
+        target = node._get_node("_target_")._value() if "_target_" in node else None
+        if isinstance(target, str) and target.startswith("mnist_ddp."):
+            found.append((path, node))
+        for key in node:
+            found += targets(node._get_node(key), f"{path}.{key}".lstrip("."))
+    return found
+
+
+def plain(value):
+    """A signature default or a config value, compared as the YAML would write it."""
+    if isinstance(value, DictConfig | ListConfig):
+        return OmegaConf.to_container(value, resolve=False)
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return value.value if isinstance(value, Enum) else value
+
+
+CHOICES = [
+    ("config", f"{group}={option}") for group in ("data", "model", "strategy") for option in group_options(group)
+]
+CHOICES += [("config", ""), ("eval", "")]
+
+
+@pytest.mark.parametrize(("config_name", "choice"), CHOICES, ids=[f"{c}:{o or 'defaults'}" for c, o in CHOICES])
+def test_class_defaults_are_the_configs_values(config_name, choice):
+    overrides = ["ckpt_path=x"] if config_name == "eval" else []
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name, overrides=[*overrides, *([choice] if choice else [])])
+    checked, differ = 0, []
+    for path, node in targets(cfg):
+        for name, parameter in inspect.signature(get_object(node._target_)).parameters.items():
+            if parameter.default is inspect.Parameter.empty or name not in node:
+                continue
+            # A data set of its own (data=fashion_mnist) differs from the default data set's
+            # class defaults (MNIST's) by what makes it another data set.
+            if path == "data" and name in DATA_SET_KEYS and choice.startswith("data=") and choice != "data=mnist":
+                continue
+            value = node._get_node(name)
+            if isinstance(value._value(), str) and value._value().startswith("${"):
+                continue  # an interpolation (${seed}): its value is another key's
+            checked += 1
+            if plain(value) != plain(parameter.default):
+                differ.append(f"{path}.{name}: {plain(value)!r} in conf/, {parameter.default!r} in {node._target_}")
+    assert checked > 0
+    assert differ == [], "; ".join(differ)
