@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from torchvision.datasets import MNIST
 
 from mnist_ddp.data.idx import ensure_mnist_files
-from mnist_ddp.errors import DataNotAvailableError
+from mnist_ddp.errors import DataNotAvailableError, first_line
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         raw = ensure_mnist_files(args.data_dir)
     except DataNotAvailableError as error:
-        print(f"Error: {str(error).splitlines()[0]}", file=sys.stderr)
+        print(f"Error: {first_line(error)}", file=sys.stderr)
         sys.exit(1)
     print(f"MNIST is in {raw.resolve()}; train with data.data_dir={raw.parent.parent.resolve()}")
 

@@ -13,6 +13,12 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (its type's name when the message is empty): for
+    one-line reports of errors whose messages run over several lines."""
+    return (str(error).strip() or type(error).__name__).splitlines()[0]
+
+
 class UsageError(Exception):
     """Base class: the message names what is wrong and how to fix it."""
 

@@ -7,7 +7,6 @@ import lightning as L
 import torch
 from torch import Tensor
 
-MIB = 2**20
 log = logging.getLogger(__name__)
 
 
@@ -64,7 +63,7 @@ class DistributedThroughputMonitor(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         metrics = {"time/epoch_s": _clock(pl_module) - self._epoch_start}
         if _on_gpu(pl_module):
-            peak = torch.tensor([torch.cuda.max_memory_allocated(pl_module.device) / MIB], device=pl_module.device)
+            peak = torch.tensor([torch.cuda.max_memory_allocated(pl_module.device) / 2**20], device=pl_module.device)
             for rank, (mib,) in enumerate(_gather(trainer, pl_module, peak).tolist()):
                 metrics[f"memory/rank_{rank}/peak_mib"] = mib
         _log(trainer, metrics)

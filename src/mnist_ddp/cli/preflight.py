@@ -52,7 +52,7 @@ from mnist_ddp.distributed.layout import (
     per_device_batch_size,
     resolve_devices,
 )
-from mnist_ddp.errors import ConfigValueError, UsageError
+from mnist_ddp.errors import ConfigValueError, UsageError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -274,8 +274,8 @@ def _describe(error: Exception, defaults: DictConfig) -> str:
     if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
         return _unknown_key(cause.full_key, defaults)
     if isinstance(cause, ValidationError) and cause.full_key:
-        return f"{cause.full_key}: {str(cause).splitlines()[0]}."
-    return str(error).strip().splitlines()[0]
+        return f"{cause.full_key}: {first_line(cause)}."
+    return first_line(error)
 
 
 def check_job(cfg: DictConfig, training: bool = True) -> None:

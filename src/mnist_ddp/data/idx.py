@@ -73,10 +73,7 @@ def ensure_idx_files(raw_dir: Path, files: Sequence[str], download: str | None =
     try:
         missing = [name for name in files if not (raw / name).is_file()]
     except PermissionError as err:
-        raise DataNotAvailableError(
-            f"{raw} cannot be read: permission denied. Make it readable for this user "
-            "(chmod a+rx on the folders, a+r on the files), or point data.data_dir at a readable copy."
-        ) from err
+        raise unreadable(raw, "chmod a+rx on the folders, a+r on the files") from err
     if not missing:
         return raw
     if download is None:
@@ -109,6 +106,14 @@ def ensure_idx_files(raw_dir: Path, files: Sequence[str], download: str | None =
             f"or run once on a machine with internet access."
         ) from err
     return raw
+
+
+def unreadable(path: Path, fix: str) -> DataNotAvailableError:
+    """The error for a data file or folder this user may not read, with the ``chmod`` that fixes it."""
+    return DataNotAvailableError(
+        f"{path} cannot be read: permission denied. Make it readable for this user ({fix}), "
+        "or point data.data_dir at a readable copy."
+    )
 
 
 def ensure_mnist_files(data_dir: Path) -> Path:
@@ -189,10 +194,7 @@ def check_idx_file(path: Path, ndim: int, kind: str) -> tuple[int, ...]:
         with open(path, "rb") as file:
             header = file.read(4 + 4 * ndim)
     except PermissionError as err:
-        raise DataNotAvailableError(
-            f"{path} cannot be read: permission denied. Make it readable for this user (chmod a+r), "
-            "or point data.data_dir at a readable copy."
-        ) from err
+        raise unreadable(path, "chmod a+r") from err
     if header[:2] == b"\x1f\x8b":
         name = path.name
         raise DataFormatError(

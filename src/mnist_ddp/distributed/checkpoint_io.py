@@ -15,7 +15,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
-from mnist_ddp.errors import CheckpointError, ConfigValueError
+from mnist_ddp.errors import CheckpointError, ConfigValueError, first_line
 
 #: How many names of each kind of mismatch a message lists.
 LISTED_KEYS = 6
@@ -61,9 +61,9 @@ def check_checkpoint(path: str | Path, model: nn.Module, key: str = "ckpt_path")
                 "loading with weights_only refuses: a checkpoint from an untrusted source must not run code. "
                 "Use a checkpoint this template wrote."
             ) from None
-        raise CheckpointError(corrupt.format(_first_line(error))) from None
+        raise CheckpointError(corrupt.format(first_line(error))) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as error:
-        raise CheckpointError(corrupt.format(_first_line(error))) from None
+        raise CheckpointError(corrupt.format(first_line(error))) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"{key}={path} is not a Lightning checkpoint (it has no state_dict).")
     saved = {name: tuple(tensor.shape) for name, tensor in checkpoint["state_dict"].items()}
@@ -87,10 +87,6 @@ def check_checkpoint(path: str | Path, model: nn.Module, key: str = "ckpt_path")
             f"{key}={path} was saved from another model configuration: {'; '.join(listed)}. Use the model "
             "settings of the run that saved it (model=..., model.net.* in its .hydra/overrides.yaml)."
         )
-
-
-def _first_line(error: Exception) -> str:
-    return (str(error).strip() or type(error).__name__).splitlines()[0]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

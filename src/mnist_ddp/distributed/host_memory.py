@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 # mallopt() parameters, from glibc's <malloc.h>.
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-MIB = 2**20
 
 
 def keep_freed_host_memory(trim_threshold_mib: int = 256, mmap_threshold_mib: int = 32) -> bool:
@@ -44,8 +43,8 @@ def keep_freed_host_memory(trim_threshold_mib: int = 256, mmap_threshold_mib: in
         return False
     if not hasattr(libc, "mallopt"):
         return False
-    applied = libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold_mib * MIB) == 1
-    applied = applied and libc.mallopt(M_TRIM_THRESHOLD, trim_threshold_mib * MIB) == 1
+    applied = libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold_mib * 2**20) == 1
+    applied = applied and libc.mallopt(M_TRIM_THRESHOLD, trim_threshold_mib * 2**20) == 1
     if not applied:
         log.warning("mallopt refused the malloc thresholds; host memory keeps glibc's defaults")
     return applied
