@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torchvision.datasets import MNIST
 
-from mnist_ddp.cli.schema import CONFIG_DIR
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.data.idx import MNIST_FILES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -312,6 +312,9 @@ def copy_data(synthetic_data_dir: Path, folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def checkpoint(synthetic_data_dir, tmp_path_factory) -> Path:
+    """A real checkpoint of the default model: trained two steps by Lightning in this process on
+    the synthetic data, saved by ``trainer.save_checkpoint``."""
+    register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"data.data_dir={synthetic_data_dir}", "data.val_size=200"])
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,

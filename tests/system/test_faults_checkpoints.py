@@ -3,10 +3,6 @@ error naming ``ckpt_path`` (each kind of bad checkpoint is checked in process: u
 
 from conftest import ranks_in_log, run_cli
 
-from mnist_ddp.cli.schema import register_configs
-
-register_configs()
-
 
 def test_resuming_from_another_models_checkpoint_stops_before_any_process_launches(
     checkpoint, synthetic_data_dir, tmp_path

@@ -15,9 +15,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from mnist_ddp.cli.schema import CONFIG_DIR
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.errors import CheckpointError
+
+register_configs()
 
 
 def build_model(*overrides: str) -> L.LightningModule:
