@@ -270,4 +270,9 @@ class MNISTDataModule(L.LightningDataModule):
             "collate_fn": default_convert,
             "num_workers": self.hparams.num_workers,
             "persistent_workers": self.hparams.num_workers > 0,
+            # A loader draws its workers' base seed each time it starts an epoch, from torch's global
+            # generator unless it has its own. The global one also draws the dropout masks, and a
+            # resume inside an epoch starts the loader once more than the uninterrupted run did
+            # (after the checkpoint restored the generator): the masks would shift from there on.
+            "generator": torch.Generator().manual_seed(self.hparams.shuffle_seed),
         }
