@@ -208,3 +208,21 @@ def test_nccl_and_sync_batchnorm_need_cuda():
     check_device_options("cpu", "gloo", sync_batchnorm=False)
     check_device_options("cuda", "nccl", sync_batchnorm=True)
     check_device_options("cuda", "gloo", sync_batchnorm=False)  # gloo also runs on GPUs
+
+
+def test_a_resume_in_place_with_nothing_to_resume_is_refused(tmp_path):
+    # Lightning would warn deep in the log and train afresh; the command says so before anything.
+    run = tmp_path / "run"
+    assert "does not exist" in refused(*CPU, f"hydra.run.dir={run}", "ckpt_path=last")
+    run.mkdir()
+    assert "holds no checkpoints/last.ckpt" in refused(*CPU, f"hydra.run.dir={run}", "ckpt_path=last")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"a checkpoint")
+    (run / "metrics.json").write_text('{"status": "stopped"}')
+    check_command_line("config", [*CPU, f"hydra.run.dir={run}", "ckpt_path=last"])  # the way on
+    (run / "metrics.json").write_text('{"status": "completed"}')
+    assert "completed (its metrics.json), so there is nothing to resume" in refused(
+        *CPU, f"hydra.run.dir={run}", "ckpt_path=last"
+    )
+    # An unset shell variable would make the current folder (the checkout) the run directory.
+    assert refused(*CPU, "hydra.run.dir=", "ckpt_path=last").startswith("hydra.run.dir is empty")

@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import inspect
 import itertools
+import json
 import logging
 import os
 import re
@@ -39,7 +40,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElastic
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from mnist_ddp.cli.job import launcher_rank, launcher_restarts
+from mnist_ddp.cli.job import METRICS_FILE, launcher_rank, launcher_restarts
 from mnist_ddp.cli.resume import in_place_run_dir, resume_arguments
 from mnist_ddp.cli.saved_run import data_set_of_run
 from mnist_ddp.cli.schema import CONFIG_DIR, TrainerConfig, register_configs
@@ -101,6 +102,9 @@ def check_command_line(config_name: str, args: Sequence[str]) -> None:
     if any(flag not in ("-m", "--multirun") for flag in flags):
         return
     overrides = with_trainer_arguments([arg for arg in args if not arg.startswith("-")])
+    for key in ("hydra.run.dir", "hydra.sweep.dir"):
+        if any(arg.split("=", 1) == [key, ""] for arg in overrides):
+            raise ConfigValueError(f"{key} is empty (an unset shell variable?): give a folder, or leave {key} out.")
     register_configs()
     if not launched_externally():
         check_rendezvous_address()
@@ -112,7 +116,10 @@ def check_command_line(config_name: str, args: Sequence[str]) -> None:
             check_job(cfg, training=config_name != "eval")
             if config_name == "eval":  # the data set the checkpoint's run trained on
                 data_set_of_run(cfg.data, Path(cfg.ckpt_path), job)
-    check_output_dir(output_dir, multirun, resume=cfg.get("ckpt_path") == "last")
+    resume = cfg.get("ckpt_path") == "last"
+    if resume and not multirun:
+        check_resume_in_place(output_dir)
+    check_output_dir(output_dir, multirun, resume)
 
 
 def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
@@ -169,6 +176,37 @@ def holds_a_run(folder: Path) -> bool:
     return any((folder / mark).exists() for mark in marks) or any(
         (job / mark).exists() for job in folder.glob("*/") for mark in marks
     )
+
+
+def check_resume_in_place(run_dir: Path) -> None:
+    """``ckpt_path=last`` resumes the run in ``run_dir`` (``hydra.run.dir``): refuse, before anything
+    is written, when there is nothing there to resume, instead of training afresh with a warning
+    deep in the log (Lightning's behaviour for a ``last`` it cannot find). A launcher's restart of
+    the job is not checked: it resumes what its first attempt left, or starts it.
+
+    Raises:
+        ConfigValueError: when ``run_dir`` holds no ``checkpoints/last.ckpt``, or holds a run that
+            completed (its ``metrics.json`` says so).
+    """
+    if launcher_restarts() > 0:
+        return
+    last = run_dir / "checkpoints" / "last.ckpt"
+    if not last.is_file():
+        where = (
+            "does not exist" if not run_dir.exists() else "holds no checkpoints/last.ckpt (stopped before its first)"
+        )
+        raise ConfigValueError(
+            f"ckpt_path=last resumes the run in hydra.run.dir={run_dir}, which {where}. Give the run's "
+            "directory (hydra.run.dir=logs/runs/<run> ckpt_path=last), a checkpoint file (ckpt_path=<file>.ckpt), "
+            "or start a new run (without ckpt_path)."
+        )
+    metrics = run_dir / METRICS_FILE
+    if metrics.is_file() and json.loads(metrics.read_text()).get("status") == "completed":
+        raise ConfigValueError(
+            f"ckpt_path=last: the run in {run_dir} completed (its {METRICS_FILE}), so there is nothing to resume. "
+            f"Evaluate its checkpoints with python -m mnist_ddp.eval ckpt_path={run_dir}/checkpoints/<file>.ckpt, "
+            "or train further in a new run."
+        )
 
 
 def check_output_dir(output_dir: Path, multirun: bool, resume: bool) -> None:

@@ -21,7 +21,8 @@ from mnist_ddp.errors import ConfigValueError
 #: Keys (and the groups under them) that a resume in place must not change.
 ARITHMETIC_KEYS = (
     "model", "data.global_batch_size", "data.val_size", "data.split_seed", "data.shuffle_seed", "seed",
-    "trainer.max_epochs", "trainer.max_steps", "trainer.accumulate_grad_batches", "lr_scaling",
+    "trainer.max_epochs", "trainer.max_steps", "trainer.limit_train_batches", "trainer.accumulate_grad_batches",
+    "lr_scaling",
 )  # fmt: skip
 
 

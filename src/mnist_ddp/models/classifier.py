@@ -172,8 +172,9 @@ class MNISTClassifier(L.LightningModule):
         if saved is not None and saved != total_steps:
             raise ConfigValueError(
                 f"ckpt_path: the checkpoint's learning-rate schedule spans {saved} optimizer steps, this run "
-                f"{total_steps}. Resume with the original run's trainer.max_epochs, data.global_batch_size, "
-                "trainer.devices and trainer.accumulate_grad_batches (its .hydra/overrides.yaml)."
+                f"{total_steps}. Resume with the original run's trainer.max_epochs, trainer.max_steps, "
+                "trainer.limit_train_batches, data.global_batch_size and trainer.accumulate_grad_batches (its "
+                ".hydra/overrides.yaml), or resume in place (hydra.run.dir=<run> ckpt_path=last), which keeps them."
             )
 
     def configure_optimizers(self) -> dict:
