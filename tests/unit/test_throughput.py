@@ -44,3 +44,19 @@ def test_throughput_windows_straggler_arithmetic_and_peak_gpu_memory(monkeypatch
         (2, {"time/epoch_s": 5.0, "memory/rank_0/peak_mib": 512.0, "memory/rank_1/peak_mib": 1024.0}),
     ]
     assert synced == [0.0, 2.0, 2.0, 4.0, 4.0, 5.0], "the GPU is synchronized before each clock reading"
+
+
+def test_an_epoch_resumed_in_its_middle_is_timed_from_the_resume(monkeypatch):
+    # Lightning calls no on_train_epoch_start for the epoch a fit resumes inside; the clock (here
+    # a stand-in at 1,000 s of uptime) must not count from zero.
+    now = [1000.0]
+    monkeypatch.setattr(throughput, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    logged = []
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append(metrics))
+    trainer = SimpleNamespace(world_size=1, global_step=7, current_epoch=0, is_global_zero=True, loggers=[logger])
+    module = SimpleNamespace(device=torch.device("cpu"))
+    monitor = throughput.DistributedThroughputMonitor()
+    monitor.on_train_start(trainer, module)
+    now[0] = 1003.5
+    monitor.on_train_epoch_end(trainer, module)
+    assert logged == [{"time/epoch_s": 3.5}]

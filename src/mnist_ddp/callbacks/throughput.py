@@ -46,6 +46,11 @@ class DistributedThroughputMonitor(L.Callback):
         self._window_start_step = 0
         self._window_samples = 0
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A fit resumed inside an epoch gets no on_train_epoch_start for that epoch: its clocks
+        # start here (its time/epoch_s is the part after the resume).
+        self._epoch_start = self._start_window(trainer, pl_module)
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if _on_gpu(pl_module):
             torch.cuda.reset_peak_memory_stats(pl_module.device)

@@ -111,6 +111,11 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig, before_launch
         record = {"status": "failed", "rank": failed.rank, "error": failed.error, "overrides": overrides}
         write_json(run_dir / METRICS_FILE, record)
         if HydraConfig.get().mode != RunMode.MULTIRUN:
+            if (last := run_dir / "checkpoints" / "last.ckpt").is_file():
+                log.warning(
+                    f"Last complete checkpoint: {last}. Once the cause is fixed, resume this run in place with: "
+                    f"python -m mnist_ddp.train hydra.run.dir={run_dir} ckpt_path=last"
+                )
             raise
         log.error(f"Job {run_dir} failed: {failed}. The sweep goes on with the next job.")
         return record
