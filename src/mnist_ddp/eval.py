@@ -23,7 +23,6 @@ from mnist_ddp.cli.preflight import run_entry_point
 from mnist_ddp.cli.saved_run import data_set_of_run, run_config_path, saved_run_config
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.cli.trainer import build_trainer
-from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.distributed.host_memory import keep_freed_host_memory
 from mnist_ddp.errors import exit_on_usage_error
 
@@ -69,10 +68,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def check_before_launch(cfg: DictConfig) -> None:
-    """In the supervisor, once: fetch and check the data, and check the checkpoint against its model."""
+    """In the supervisor, once: fetch and check the data. (The checkpoint is checked earlier, with
+    the command line: :func:`mnist_ddp.cli.preflight.check_checkpoint_of`.)"""
     instantiate(cfg.data).prepare_data()
-    checkpoint = Path(cfg.ckpt_path).resolve()
-    check_checkpoint(checkpoint, instantiate(model_config(cfg, checkpoint)))
 
 
 def evaluate(cfg: DictConfig) -> dict:
@@ -88,7 +86,6 @@ def evaluate(cfg: DictConfig) -> dict:
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     model: L.LightningModule = instantiate(model_config(cfg, checkpoint))
-    check_checkpoint(checkpoint, model)
     trainer, layout = build_trainer(cfg, evaluation=True)
 
     with stop_on_signals(trainer):

@@ -24,7 +24,6 @@ from mnist_ddp.cli.preflight import run_entry_point
 from mnist_ddp.cli.resume import in_place_resume_step
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.cli.trainer import build_trainer, checkpoint_to_resume
-from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.distributed.host_memory import keep_freed_host_memory
 from mnist_ddp.distributed.layout import LRScaling, scale_learning_rate
 from mnist_ddp.errors import exit_on_usage_error
@@ -52,11 +51,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def check_before_launch(cfg: DictConfig) -> None:
-    """In the supervisor, once: fetch and check the data, and check ``ckpt_path``, so that missing
-    data or a bad checkpoint is one line before any process starts."""
+    """In the supervisor, once: fetch and check the data, so that missing or broken data is one
+    line before any process starts. (``ckpt_path`` is checked earlier, with the command line.)"""
     instantiate(cfg.data).prepare_data()
-    if cfg.ckpt_path not in (None, "last"):  # "last": Lightning finds the run's latest itself
-        check_checkpoint(cfg.ckpt_path, instantiate(cfg.model))
 
 
 def fit_and_test(cfg: DictConfig) -> dict:
@@ -94,8 +91,6 @@ def fit_and_test(cfg: DictConfig) -> dict:
         f"Learning rate {cfg.model.optimizer.lr:g} (model.optimizer.lr={base_lr:g} tuned at reference batch "
         f"{cfg.lr_scaling.reference_batch_size}, lr_scaling.rule={rule.value})"
     )
-    if cfg.ckpt_path not in (None, "last"):
-        check_checkpoint(cfg.ckpt_path, model)
     ckpt_path = checkpoint_to_resume(cfg.ckpt_path, trainer)
     if restarts := launcher_restarts():
         resume = {None: "Lightning's SLURM requeue checkpoint", "last": "the run's latest checkpoint"}

@@ -15,6 +15,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from mnist_ddp.cli.preflight import check_command_line
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.errors import CheckpointError
@@ -83,3 +84,15 @@ class RunsCode:
 
     def __reduce__(self):
         return os.system, (f"touch {self.marker}",)
+
+
+def test_the_commands_check_the_checkpoint_with_the_command_line(checkpoint, tmp_path):
+    # Before Hydra creates the run directory: the training command against the model it builds,
+    # eval against the model of the checkpoint's own run (when it left its config).
+    command = ["trainer.accelerator=cpu", f"ckpt_path={checkpoint}"]
+    with pytest.raises(CheckpointError, match="was saved from another model configuration: missing keys"):
+        check_command_line("config", [*command, "model=mlp"])
+    check_command_line("config", command)
+    check_command_line("eval", command)
+    with pytest.raises(CheckpointError, match="no such file"):
+        check_command_line("eval", ["trainer.accelerator=cpu", f"ckpt_path={tmp_path / 'none.ckpt'}"])

@@ -174,11 +174,14 @@ def test_mnist_statistics_in_the_config_are_those_of_the_training_images(mnist_d
 # --- evaluation on the data set a checkpoint's run trained on ------------------------------------
 
 
-def test_eval_takes_the_data_set_of_the_checkpoints_run(letters_dir, synthetic_data_dir, tmp_path):
-    # A run trained on the letters (its config as Hydra saves it), evaluated by a command whose
-    # own data defaults are MNIST's.
+def test_eval_takes_the_data_set_of_the_checkpoints_run(letters_dir, checkpoint, tmp_path):
+    # A run trained on the letters (its config as Hydra saves it, and a checkpoint of its model),
+    # evaluated by a command whose own data defaults are MNIST's.
+    trained = checkpoint
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
     (tmp_path / "run" / ".hydra").mkdir(parents=True)
+    checkpoint.parent.mkdir()
+    shutil.copy(trained, checkpoint)
     OmegaConf.save(compose_config(*letters_overrides(letters_dir, 0.75, 0.4)), run_config_path(checkpoint))
     command = [f"ckpt_path={checkpoint}", f"data.data_dir={letters_dir}"]
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):

@@ -42,9 +42,10 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from mnist_ddp.cli.job import METRICS_FILE, launcher_rank, launcher_restarts
 from mnist_ddp.cli.resume import in_place_run_dir, resume_arguments
-from mnist_ddp.cli.saved_run import data_set_of_run
+from mnist_ddp.cli.saved_run import data_set_of_run, saved_run_config
 from mnist_ddp.cli.schema import CONFIG_DIR, TrainerConfig, register_configs
 from mnist_ddp.cli.sweep_summary import failed_jobs
+from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.distributed.launch import check_rendezvous_address, launched_externally
 from mnist_ddp.distributed.layout import (
     check_device_options,
@@ -116,6 +117,8 @@ def check_command_line(config_name: str, args: Sequence[str]) -> None:
             check_job(cfg, training=config_name != "eval")
             if config_name == "eval":  # the data set the checkpoint's run trained on
                 data_set_of_run(cfg.data, Path(cfg.ckpt_path), job)
+            if cfg.get("ckpt_path") not in (None, "last"):  # "last": Lightning finds the run's own
+                check_checkpoint_of(cfg, evaluation=config_name == "eval")
     resume = cfg.get("ckpt_path") == "last"
     if resume and not multirun:
         check_resume_in_place(output_dir)
@@ -176,6 +179,18 @@ def holds_a_run(folder: Path) -> bool:
     return any((folder / mark).exists() for mark in marks) or any(
         (job / mark).exists() for job in folder.glob("*/") for mark in marks
     )
+
+
+def check_checkpoint_of(cfg: DictConfig, evaluation: bool) -> None:
+    """Check ``cfg.ckpt_path`` against the model it will be loaded into: the run's own model for an
+    evaluation (:func:`~mnist_ddp.cli.saved_run.saved_run_config`), ``cfg.model`` for a training.
+
+    Raises:
+        CheckpointError: see :func:`~mnist_ddp.distributed.checkpoint_io.check_checkpoint`.
+    """
+    checkpoint = Path(cfg.ckpt_path)
+    run = saved_run_config(checkpoint) if evaluation else None
+    check_checkpoint(checkpoint, instantiate(run.model if run is not None else cfg.model))
 
 
 def check_resume_in_place(run_dir: Path) -> None:
