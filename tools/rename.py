@@ -11,7 +11,7 @@ Renames, in every file of the tree that git tracks (or would track) and in the p
   in the docs; and its upper-case form in environment variable names (``MNIST_DDP_JOB``).
 
 Nothing else changes: class names (``MNISTDataModule``), configs and docs about MNIST stay, to be
-edited as your project moves away from MNIST (the README's "Make it yours" lists what is left).
+edited as your project moves away from MNIST (docs/customizing.md lists what is left).
 The new package name must not be a word of the code or configs yet (``ddp``, ``train``, ``data``
 are), so that a later rename replaces the project's name and nothing else. Every new file
 content is computed before the first write, and in a git checkout the tree must be clean:

@@ -96,4 +96,4 @@ def test_class_defaults_are_the_configs_values(config_name, choice):
             if plain(value) != plain(parameter.default):
                 differ.append(f"{path}.{name}: {plain(value)!r} in conf/, {parameter.default!r} in {node._target_}")
     assert checked > 0
-    assert differ == [], "; ".join(differ)
+    assert differ == [], "; ".join(differ) + " (change the class's default too, or drop it)"

@@ -144,7 +144,7 @@ class TrainerConfig:
 class StrategyConfig:
     """``strategy`` group: arguments of :class:`mnist_ddp.distributed.strategy.CommHookDDPStrategy`.
 
-    Values come from ``conf/strategy/*.yaml``; the README's table gives each default and meaning.
+    Values come from ``conf/strategy/*.yaml``; docs/distributed.md's table gives each one's meaning.
     ``process_group_backend`` ``None`` lets Lightning choose: NCCL on CUDA devices, gloo on CPU.
     ``timeout`` is a ``datetime.timedelta`` node (``_target_``), so Hydra builds it; so is
     ``checkpoint_io`` (a Lightning ``CheckpointIO``; None: Lightning's own).

@@ -130,7 +130,7 @@ class MNISTDataModule(L.LightningDataModule):
         if len(class_names) != NUM_CLASSES:
             raise ConfigValueError(
                 f"data.class_names has {len(class_names)} names; the networks output {NUM_CLASSES} classes "
-                "(mnist_ddp.models.classifier.NUM_CLASSES). Name one class per label 0..9."
+                "(mnist_ddp.data.idx.NUM_CLASSES). Name one class per label 0..9."
             )
         if download is not None:
             try:
