@@ -53,7 +53,9 @@ def main(cfg: DictConfig) -> float | None:
 def check_before_launch(cfg: DictConfig) -> None:
     """In the supervisor, once: fetch and check the data, so that missing or broken data is one
     line before any process starts. (``ckpt_path`` is checked earlier, with the command line.)"""
-    instantiate(cfg.data).prepare_data()
+    datamodule = instantiate(cfg.data)
+    datamodule.prepare_data()
+    datamodule.check_val_size()
 
 
 def fit_and_test(cfg: DictConfig) -> dict:

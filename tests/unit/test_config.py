@@ -4,9 +4,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException
+from hydra.utils import instantiate
 from lightning.pytorch.callbacks import EarlyStopping, ProgressBar, Timer
 from omegaconf import open_dict
 from omegaconf.errors import ValidationError
+from torch.nn import BatchNorm2d
 
 from mnist_ddp.cli.preflight import check_command_line, with_trainer_arguments
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
@@ -119,6 +121,14 @@ def test_presets_set_what_they_say():
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=long", "debug=fast_dev_run"])
     assert cfg.model.net.hidden == 256 and cfg.trainer.fast_dev_run is True
+    # Presets in order, the command line last: debug=limit's 2 epochs win over experiment=fast's
+    # one, the command line's global batch over the preset's.
+    overrides = ["experiment=fast", "debug=limit", "data.global_batch_size=32"]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    assert (cfg.trainer.max_epochs, cfg.trainer.limit_train_batches, cfg.trainer.limit_test_batches) == (2, 20, 5)
+    assert cfg.data.global_batch_size == 32 and cfg.model.optimizer.lr == 0.01
+    assert any(isinstance(layer, BatchNorm2d) for layer in instantiate(cfg.model).modules()), "experiment=fast"
 
 
 @pytest.mark.parametrize(

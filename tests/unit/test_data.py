@@ -254,6 +254,8 @@ def test_a_broken_file_is_refused_naming_it(synthetic_data_dir, tmp_path, case):
 
 
 def test_a_validation_split_as_large_as_the_training_split_is_refused_before_launch(synthetic_data_dir):
-    # prepare_data runs once before any process launches; setup, in every process, checks it too.
+    # The training command checks it once before any process launches; setup, in every process, too.
+    datamodule = MNISTDataModule(str(synthetic_data_dir), val_size=1200)
+    datamodule.prepare_data()  # what eval runs too: it has no validation split
     with pytest.raises(ConfigValueError, match=r"data.val_size=1200 must be between 1 and 1199 \(the training split"):
-        MNISTDataModule(str(synthetic_data_dir), val_size=1200).prepare_data()
+        datamodule.check_val_size()

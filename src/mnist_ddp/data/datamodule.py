@@ -169,9 +169,8 @@ class MNISTDataModule(L.LightningDataModule):
         ensure_idx_files(self.raw_dir, list(self.hparams.files.values()), self.hparams.download)
         # Before any DDP process launches (the entry points call this first): a corrupt or
         # mismatched file is refused here, not in every process's setup.
-        train_labels = check_idx_split(*self._split_files("train"), len(self.class_names))
-        check_idx_split(*self._split_files("test"), len(self.class_names))
-        self._check_val_size(len(train_labels))
+        for split in ("train", "test"):
+            check_idx_split(*self._split_files(split), len(self.class_names))
 
     def setup(self, stage: str) -> None:
         if self.hparams.on_device and self.hparams.num_workers > 0:
@@ -195,6 +194,16 @@ class MNISTDataModule(L.LightningDataModule):
             for name in ("train_set", "val_set", "test_set"):
                 if (split := getattr(self, name)) is not None:
                     setattr(self, name, GatherDataset(*(t.to(device) for t in split.tensors)))
+
+    def check_val_size(self) -> None:
+        """Refuse a validation split that leaves no training image, reading only the training
+        labels: the training command calls it once before any process starts (``setup`` checks it
+        again in every process; evaluation has no validation split).
+
+        Raises:
+            ConfigValueError: naming ``data.val_size`` and the training split's size.
+        """
+        self._check_val_size(len(check_idx_split(*self._split_files("train"), len(self.class_names))))
 
     def _check_val_size(self, train_count: int) -> None:
         if not 0 < self.hparams.val_size < train_count:

@@ -32,6 +32,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,25 @@ def write_stacks(path: Path, error: BaseException) -> None:
         faulthandler.dump_traceback(file, all_threads=True)
 
 
+def record_atomically(handler: Any, error: BaseException) -> None:
+    """Write ``error`` into this worker's error file (``TORCHELASTIC_ERROR_FILE``, which the agent
+    reads when the worker has ended) as torch's ``ErrorHandler`` writes it, but complete or not
+    at all: the handler writes the file in place, and a worker ended during the write (the agent's
+    SIGTERM, the watchdog) left it empty, which the agent's reader fails on with a traceback
+    instead of naming the failure."""
+    final = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if final is None:
+        handler.record_exception(error)
+        return
+    partial = f"{final}.partial"
+    os.environ["TORCHELASTIC_ERROR_FILE"] = partial
+    try:
+        handler.record_exception(error)
+        os.replace(partial, final)
+    finally:
+        os.environ["TORCHELASTIC_ERROR_FILE"] = final
+
+
 def end_quietly_until_started() -> None:
     """Until the run's own handlers are installed: SIGINT, SIGTERM and SIGHUP end this process at
     once, with status 128 + the signal and no traceback (nothing is trained yet, nothing to save)."""
@@ -153,7 +173,7 @@ def main() -> None:
             log.exception(f"Rank {rank} failed")
         if TIMEOUT_PATTERN.search(str(error)):
             write_stacks(Path(config.paths.output_dir) / f"hang-rank{rank}.txt", error)
-        ErrorHandler().record_exception(error)
+        record_atomically(ErrorHandler(), error)
         sys.exit(1)
 
 
