@@ -56,8 +56,9 @@ def main(cfg: DictConfig) -> float | None:
     checkpoint = Path(cfg.ckpt_path).resolve()
     # The data set the model was trained on, not this command's default (already checked against
     # this command's overrides before the run directory existed: mnist_ddp.cli.preflight).
-    taken = data_set_of_run(cfg.data, checkpoint, HydraConfig.get().overrides.task)
-    if run_config_path(checkpoint).is_file():
+    run = saved_run_config(checkpoint)
+    taken = data_set_of_run(cfg.data, run, checkpoint, HydraConfig.get().overrides.task)
+    if run is not None:
         info(f"Data set of the checkpoint's run: {', '.join(taken) or 'the same as this command'}")
     else:
         info(
@@ -69,7 +70,7 @@ def main(cfg: DictConfig) -> float | None:
 
 def check_before_launch(cfg: DictConfig) -> None:
     """In the supervisor, once: fetch and check the data. (The checkpoint is checked earlier, with
-    the command line: :func:`mnist_ddp.cli.preflight.check_checkpoint_of`.)"""
+    the command line: :func:`mnist_ddp.cli.preflight.check_command_line`.)"""
     instantiate(cfg.data).prepare_data()
 
 

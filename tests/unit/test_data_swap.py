@@ -22,7 +22,7 @@ from torchvision.datasets import FashionMNIST
 from torchvision.datasets.mnist import read_image_file
 
 from mnist_ddp.cli.preflight import check_command_line
-from mnist_ddp.cli.saved_run import data_set_of_run, run_config_path
+from mnist_ddp.cli.saved_run import data_set_of_run, run_config_path, saved_run_config
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.data.datamodule import MNISTDataModule, normalize
 from mnist_ddp.data.idx import import_class
@@ -188,7 +188,7 @@ def test_eval_takes_the_data_set_of_the_checkpoints_run(letters_dir, checkpoint,
         cfg = compose("eval", overrides=command)
     assert cfg.data.class_names == [str(digit) for digit in range(10)], "this command's own default"
 
-    taken = data_set_of_run(cfg.data, checkpoint, command)
+    taken = data_set_of_run(cfg.data, saved_run_config(checkpoint), checkpoint, command)
     assert "data.mean=0.75" in taken and "data.subdir=." in taken
     assert (cfg.data.class_names, cfg.data.mean, cfg.data.std) == (CLASS_NAMES, 0.75, 0.4)
     datamodule = instantiate(cfg.data)
@@ -206,4 +206,4 @@ def test_eval_takes_the_data_set_of_the_checkpoints_run(letters_dir, checkpoint,
 
     # Without a run config, the command's own data set, unchanged.
     alone = tmp_path / "alone.ckpt"
-    assert data_set_of_run(cfg.data, alone, [f"ckpt_path={alone}"]) == []
+    assert data_set_of_run(cfg.data, saved_run_config(alone), alone, [f"ckpt_path={alone}"]) == []

@@ -114,11 +114,13 @@ def check_command_line(config_name: str, args: Sequence[str]) -> None:
         defaults = compose(config_name)
         for job in sweep_jobs(overrides) if multirun else [overrides]:
             cfg, output_dir = _compose(config_name, job, defaults, multirun)
-            check_job(cfg, training=config_name != "eval")
-            if config_name == "eval":  # the data set the checkpoint's run trained on
-                data_set_of_run(cfg.data, Path(cfg.ckpt_path), job)
+            model = check_job(cfg, training=config_name != "eval")
+            if config_name == "eval":  # the model and the data set of the checkpoint's run
+                run = saved_run_config(Path(cfg.ckpt_path))
+                data_set_of_run(cfg.data, run, Path(cfg.ckpt_path), job)
+                model = instantiate(run.model) if run is not None else model
             if cfg.get("ckpt_path") not in (None, "last"):  # "last": Lightning finds the run's own
-                check_checkpoint_of(cfg, evaluation=config_name == "eval")
+                check_checkpoint(cfg.ckpt_path, model)
     resume = cfg.get("ckpt_path") == "last"
     if resume and not multirun:
         check_resume_in_place(output_dir)
@@ -179,18 +181,6 @@ def holds_a_run(folder: Path) -> bool:
     return any((folder / mark).exists() for mark in marks) or any(
         (job / mark).exists() for job in folder.glob("*/") for mark in marks
     )
-
-
-def check_checkpoint_of(cfg: DictConfig, evaluation: bool) -> None:
-    """Check ``cfg.ckpt_path`` against the model it will be loaded into: the run's own model for an
-    evaluation (:func:`~mnist_ddp.cli.saved_run.saved_run_config`), ``cfg.model`` for a training.
-
-    Raises:
-        CheckpointError: see :func:`~mnist_ddp.distributed.checkpoint_io.check_checkpoint`.
-    """
-    checkpoint = Path(cfg.ckpt_path)
-    run = saved_run_config(checkpoint) if evaluation else None
-    check_checkpoint(checkpoint, instantiate(run.model if run is not None else cfg.model))
 
 
 def check_resume_in_place(run_dir: Path) -> None:
@@ -308,14 +298,14 @@ def _unknown_key(key: str, cfg: DictConfig) -> str:
     parent, _, name = key.rpartition(".")
     node = OmegaConf.select(cfg, parent) if parent else cfg
     schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
-    if dataclasses.is_dataclass(schema):
-        keys = sorted(field.name for field in dataclasses.fields(schema))
-    else:
-        keys = sorted(str(known) for known in node if known != name) if isinstance(node, DictConfig) else []
     if parent == "trainer":
         keys = sorted(TRAINER_ARGUMENTS)
         allowed = "trainer takes the arguments of lightning.pytorch.Trainer"
     else:
+        if dataclasses.is_dataclass(schema):
+            keys = sorted(field.name for field in dataclasses.fields(schema))
+        else:
+            keys = sorted(str(known) for known in node if known != name) if isinstance(node, DictConfig) else []
         allowed = f"keys of {parent or 'the config'}: {', '.join(keys) or 'none'}"
     close = difflib.get_close_matches(name, keys, n=1)
     hint = f" Did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
@@ -331,9 +321,12 @@ def _describe(error: Exception, defaults: DictConfig) -> str:
     return first_line(error)
 
 
-def check_job(cfg: DictConfig, training: bool = True) -> None:
+def check_job(cfg: DictConfig, training: bool = True) -> L.LightningModule:
     """Build the cheap parts of one job and check its layout (for ``training``, also that the
     global batch splits evenly over the processes: evaluation takes no optimizer step).
+
+    Returns:
+        The model it built, for the checkpoint's check.
 
     Raises:
         UsageError: the first problem found, as one line.
@@ -370,6 +363,7 @@ def check_job(cfg: DictConfig, training: bool = True) -> None:
         "cuda" if cuda else "cpu", cfg.strategy.process_group_backend, cfg.trainer.sync_batchnorm, cfg.trainer.precision
     )
     check_writable("paths.log_dir", Path(cfg.paths.log_dir))
+    return built["model"]
 
 
 def check_schedule(trainer: DictConfig, model: L.LightningModule) -> None:

@@ -34,13 +34,14 @@ def saved_run_config(checkpoint: Path) -> DictConfig | None:
     return upgrade_targets(OmegaConf.load(path)) if path.is_file() else None
 
 
-def data_set_of_run(data: DictConfig, checkpoint: Path, overrides: Sequence[str]) -> list[str]:
+def data_set_of_run(data: DictConfig, run: DictConfig | None, checkpoint: Path, overrides: Sequence[str]) -> list[str]:
     """Set the data set keys (:data:`DATA_SET_KEYS`) of ``data``, this command's data config, to
     those of the run that wrote ``checkpoint``, in place.
 
     Args:
         data: this command's ``data`` node.
-        checkpoint: the checkpoint to evaluate.
+        run: that run's config (:func:`saved_run_config`), or None when it left none.
+        checkpoint: the checkpoint to evaluate (named in the messages).
         overrides: this command's overrides (``data=fashion_mnist``, ``data.mean=0.5`` ...): a key
             they set must agree with the run's.
 
@@ -52,7 +53,6 @@ def data_set_of_run(data: DictConfig, checkpoint: Path, overrides: Sequence[str]
         ConfigValueError: when an override sets a data set key (or chooses a ``data`` group
             whose value of one) other than the run's, naming both values.
     """
-    run = saved_run_config(checkpoint)
     if run is None or "data" not in run:
         return []
     explicit = _overridden_data_keys(overrides)

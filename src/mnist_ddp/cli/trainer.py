@@ -62,24 +62,25 @@ def build_trainer(
         cfg.trainer.sync_batchnorm,
         cfg.trainer.precision,
     )
-    if evaluation:
-        world_size = trainer.num_nodes * trainer.num_devices
-        return trainer, {
-            "world_size": world_size,
-            "global_batch_size": cfg.data.global_batch_size,
-            "per_device_batch_size": per_device_eval_batch_size(cfg.data.global_batch_size, world_size),
-        }
-    return trainer, data_parallel_layout(trainer, cfg.data.global_batch_size)
+    return trainer, data_parallel_layout(trainer, cfg.data.global_batch_size, evaluation)
 
 
-def data_parallel_layout(trainer: L.Trainer, global_batch_size: int) -> dict[str, int]:
+def data_parallel_layout(trainer: L.Trainer, global_batch_size: int, evaluation: bool = False) -> dict[str, int]:
     """``world_size``, ``global_batch_size``, ``per_device_batch_size``, ``accumulate_grad_batches``
-    (samples per optimizer step = per-device batch x world_size x accumulated micro-batches).
+    (samples per optimizer step = per-device batch x world_size x accumulated micro-batches). With
+    ``evaluation``: ``world_size``, ``global_batch_size`` and the per-device evaluation batch
+    (:func:`~mnist_ddp.distributed.layout.per_device_eval_batch_size`).
 
     Raises:
-        BatchSizeError: for a global batch that does not split evenly over the processes.
+        BatchSizeError: for a global batch that does not split evenly over the processes (training).
     """
     world_size = trainer.num_nodes * trainer.num_devices
+    if evaluation:
+        return {
+            "world_size": world_size,
+            "global_batch_size": global_batch_size,
+            "per_device_batch_size": per_device_eval_batch_size(global_batch_size, world_size),
+        }
     accumulate = trainer.accumulate_grad_batches
     return {
         "world_size": world_size,
