@@ -1,12 +1,18 @@
-"""The DataModule on synthetic IDX files: loading, the split, and sharding over simulated ranks.
+"""The DataModule on synthetic IDX files: loading, the split, and sharding over simulated ranks;
+and on the real MNIST files gzipped as they ship.
 
 Ranks are simulated by attaching a stand-in for the Trainer that reports ``world_size`` and
 ``global_rank`` (what a real DDP Trainer reports in each process); the real DDP runs are in
 test_train_cli.py.
 """
 
+import contextlib
 import gzip
+import os
 import re
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -231,8 +237,6 @@ CASES = {
     "wrong magic number": (TRAIN_LABELS, replace_magic,
                            "is not an IDX file of uint8 labels (N,): it starts with 0x00000901 instead of the "
                            "magic number 0x00000801 (uint8, 1 dimension)."),
-    "still gzipped": (TEST_IMAGES, gzip_in_place, f"{TEST_IMAGES} is gzip-compressed: decompress it in place "
-                     f"(mv {TEST_IMAGES} {TEST_IMAGES}.gz && gunzip {TEST_IMAGES}.gz)."),
     "bytes after the data": (TEST_IMAGES, append_bytes, "has 10 bytes more than the 300 x 28 x 28 values"),
     "counts disagree": (TEST_LABELS, other_labels, "holds 300 images but"),
 }  # fmt: skip
@@ -253,9 +257,186 @@ def test_a_broken_file_is_refused_naming_it(synthetic_data_dir, tmp_path, case):
         datamodule.setup("fit" if name.startswith("train") else "test")
 
 
+def test_a_gzipped_file_under_the_uncompressed_name_is_read(synthetic_data_dir, tmp_path):
+    # Compression is told by the first bytes, not the name: a file gzipped in place is read as is.
+    raw = copy_data(synthetic_data_dir, tmp_path / "data")
+    gzip_in_place(raw / TEST_IMAGES)
+    datamodule = MNISTDataModule(str(tmp_path / "data"), val_size=VAL_SIZE)
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    expected = datamodule_on_rank(synthetic_data_dir, 1, 0).test_set.tensors
+    assert all(torch.equal(a, b) for a, b in zip(datamodule.test_set.tensors, expected))
+
+
 def test_a_validation_split_as_large_as_the_training_split_is_refused_before_launch(synthetic_data_dir):
     # The training command checks it once before any process launches; setup, in every process, too.
     datamodule = MNISTDataModule(str(synthetic_data_dir), val_size=1200)
     datamodule.prepare_data()  # what eval runs too: it has no validation split
     with pytest.raises(ConfigValueError, match=r"data.val_size=1200 must be between 1 and 1199 \(the training split"):
         datamodule.check_val_size()
+
+
+# --- files as shipped: the real MNIST gzipped, read without a decompressed copy ------------------
+
+NOBODY = 65534  # user and group nobody
+
+
+def folder_nobody_can_enter() -> Path:
+    """A new folder under the system's temporary folder, not pytest's ``tmp_path``: that one is
+    private to root, and :func:`read_only` reads as user nobody when the tests run as root."""
+    folder = Path(tempfile.mkdtemp(prefix="mnist-gz-"))
+    folder.chmod(0o755)
+    return folder
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """``folder`` read-only (0o555) for the block. Permission bits do not stop root: as root (CI),
+    the block runs with the effective user and group nobody (the real ones stay root's, which
+    switches back after)."""
+    folder.chmod(0o555)
+    as_root = os.geteuid() == 0
+    try:
+        if as_root:
+            os.setegid(NOBODY)
+            os.seteuid(NOBODY)
+        yield
+    finally:
+        if as_root:
+            os.seteuid(0)
+            os.setegid(0)
+        folder.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def shipped_mnist(mnist_data_dir) -> Iterator[Path]:
+    """A data root whose ``MNIST/raw`` holds the real MNIST files as they ship, ``<name>.gz`` only
+    (compresslevel 1: about 1.5 s for the four, once for this file's tests)."""
+    root = folder_nobody_can_enter()
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in MNIST_FILES.values():
+        with gzip.open(raw / f"{name}.gz", "wb", compresslevel=1) as archive:
+            archive.write((mnist_data_dir / "MNIST" / "raw" / name).read_bytes())
+    yield root
+    shutil.rmtree(root)
+
+
+def loaded(data_dir: Path) -> MNISTDataModule:
+    """A DataModule on ``data_dir`` through a run's path: ``prepare_data`` (before any process
+    launches), then ``setup`` of training and test (in every process)."""
+    datamodule = MNISTDataModule(str(data_dir))
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    datamodule.setup("test")
+    return datamodule
+
+
+@pytest.fixture(scope="module")
+def uncompressed(mnist_data_dir) -> MNISTDataModule:
+    """The real MNIST read from its uncompressed files: what the gzipped ones must give."""
+    return loaded(mnist_data_dir)
+
+
+def assert_same_data(datamodule: MNISTDataModule, expected: MNISTDataModule) -> None:
+    for split in ("train_set", "val_set", "test_set"):
+        for tensor, reference in zip(getattr(datamodule, split).tensors, getattr(expected, split).tensors):
+            assert torch.equal(tensor, reference), split
+
+
+@pytest.fixture
+def no_download(monkeypatch):
+    """Fail the test if torchvision is asked to download. This machine has no network; the mock
+    makes the test say the same on one that has."""
+    monkeypatch.setattr(MNIST, "download", lambda self: pytest.fail("torchvision was asked to download"))
+
+
+def tree(folder: Path) -> list[str]:
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*"))
+
+
+def test_gzipped_files_read_as_the_uncompressed_ones_from_a_read_only_folder(shipped_mnist, uncompressed, no_download):
+    raw = shipped_mnist / "MNIST" / "raw"
+    before = tree(shipped_mnist)
+    with read_only(raw):
+        datamodule = loaded(shipped_mnist)
+    assert len(datamodule.train_set) + len(datamodule.val_set) == 60_000 and len(datamodule.test_set) == 10_000
+    assert_same_data(datamodule, uncompressed)
+    assert tree(shipped_mnist) == before, "nothing written: no decompressed copy, no temporary file"
+    assert sorted(os.listdir(raw)) == sorted(f"{name}.gz" for name in MNIST_FILES.values())
+
+
+def test_a_folder_of_plain_and_gzipped_files_reads_the_plain_one_where_both_are(
+    shipped_mnist, mnist_data_dir, uncompressed, tmp_path, no_download
+):
+    # Links, not copies: the same bytes without writing 60 MB.
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in (TRAIN_IMAGES, TEST_LABELS):
+        (raw / name).symlink_to(mnist_data_dir / "MNIST" / "raw" / name)
+    for name in (TRAIN_LABELS, TEST_IMAGES):
+        (raw / f"{name}.gz").symlink_to(shipped_mnist / "MNIST" / "raw" / f"{name}.gz")
+    # Beside an uncompressed file, a .gz that cannot be read: the uncompressed one is read.
+    (raw / f"{TEST_LABELS}.gz").write_bytes(b"\x1f\x8b not a gzip stream")
+    assert_same_data(loaded(tmp_path), uncompressed)
+
+
+def cut_short(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def flip_a_byte(data: bytes) -> bytes:
+    middle = len(data) // 2
+    return data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :]
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "reason"),
+    # zlib's reason for a changed byte depends on what the byte was: any, in the same message.
+    [(cut_short, "Compressed file ended before the end-of-stream marker was reached"), (flip_a_byte, ".+")],
+    ids=["cut short", "a byte changed"],
+)
+def test_a_truncated_or_corrupt_gzip_file_is_one_error_naming_it(shipped_mnist, tmp_path, corrupt, reason):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in MNIST_FILES.values():
+        (raw / f"{name}.gz").symlink_to(shipped_mnist / "MNIST" / "raw" / f"{name}.gz")
+    broken = raw / f"{TEST_IMAGES}.gz"
+    data = broken.read_bytes()
+    broken.unlink()
+    broken.write_bytes(corrupt(data))
+    message = (
+        re.escape(f"{broken} is a truncated or corrupt gzip file (")
+        + reason
+        + re.escape("). Copy or download it again (with data.download set, delete it and the next run downloads it).")
+    )
+    with pytest.raises(DataFormatError) as error:
+        MNISTDataModule(str(tmp_path)).prepare_data()  # before any process launches
+    assert re.fullmatch(message, str(error.value)), error.value
+    with pytest.raises(DataFormatError) as error:
+        MNISTDataModule(str(tmp_path)).setup("test")  # in every process
+    assert re.fullmatch(message, str(error.value)), error.value
+
+
+@pytest.mark.parametrize("raw_exists", [True, False], ids=["folder read-only", "parent read-only"])
+def test_missing_files_are_not_downloaded_into_a_folder_that_cannot_be_written(shipped_mnist, no_download, raw_exists):
+    root = folder_nobody_can_enter()
+    try:
+        raw = root / "MNIST" / "raw"
+        if raw_exists:  # the test labels missing
+            raw.mkdir(parents=True)
+            for name in (TRAIN_IMAGES, TRAIN_LABELS, TEST_IMAGES):
+                (raw / f"{name}.gz").symlink_to(shipped_mnist / "MNIST" / "raw" / f"{name}.gz")
+        unwritable = raw if raw_exists else root
+        missing = [TEST_LABELS] if raw_exists else list(MNIST_FILES.values())
+        before = tree(root)
+        with read_only(unwritable), pytest.raises(DataNotAvailableError) as error:
+            MNISTDataModule(str(root)).prepare_data()
+        assert str(error.value) == (
+            f"{', '.join(missing)} not found in {raw} (nor as .gz), and they cannot be downloaded there: "
+            f"{unwritable} cannot be written (Permission denied). Put the files {', '.join(MNIST_FILES.values())} "
+            f"(uncompressed or .gz) into {raw}, or point data.data_dir at a folder you can write."
+        )
+        assert tree(root) == before
+    finally:
+        shutil.rmtree(root)

@@ -25,7 +25,15 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_convert
 
-from mnist_ddp.data.idx import MNIST_FILES, NUM_CLASSES, check_idx_split, ensure_idx_files, import_class, read_idx_split
+from mnist_ddp.data.idx import (
+    MNIST_FILES,
+    NUM_CLASSES,
+    check_idx_split,
+    ensure_idx_files,
+    find_idx_file,
+    import_class,
+    read_idx_split,
+)
 from mnist_ddp.data.sharding import ResumableDataLoader, ResumableDistributedSampler
 from mnist_ddp.distributed.layout import per_device_batch_size, per_device_eval_batch_size
 from mnist_ddp.errors import ConfigValueError
@@ -85,7 +93,8 @@ class MNISTDataModule(L.LightningDataModule):
             layout ``<class name>/raw``; ``.`` for ``data_dir`` itself).
         files: the four IDX file names by role, keys ``train_images``, ``train_labels``,
             ``test_images``, ``test_labels`` (default :data:`MNIST_FILES`). Images ``(N, 28, 28)``
-            uint8, labels ``(N,)`` uint8.
+            uint8, labels ``(N,)`` uint8. Each is read uncompressed or as shipped, ``<name>.gz``
+            (the uncompressed one when both are there; see :func:`find_idx_file`).
         download: import path of the torchvision class that downloads missing files (default
             ``torchvision.datasets.MNIST``; ``FashionMNIST`` or ``KMNIST`` for those), or None
             for a data set that cannot be downloaded.
@@ -157,9 +166,10 @@ class MNISTDataModule(L.LightningDataModule):
         self._train_position: dict | None = None
 
     def _split_files(self, split: str) -> tuple[Path, Path]:
-        """The images and labels files of ``split`` (``"train"`` or ``"test"``)."""
+        """The images and labels files of ``split`` (``"train"`` or ``"test"``), each ``<name>`` or
+        ``<name>.gz``."""
         files = self.hparams.files
-        return self.raw_dir / files[f"{split}_images"], self.raw_dir / files[f"{split}_labels"]
+        return tuple(find_idx_file(self.raw_dir, files[f"{split}_{kind}"]) for kind in ("images", "labels"))
 
     def _load(self, split: str) -> GatherDataset:
         images, labels = read_idx_split(*self._split_files(split), len(self.class_names))

@@ -3,20 +3,28 @@ them, and reading them into tensors.
 
 A data set in this format is four files, two per split: ``(N, 28, 28)`` uint8 images and ``(N,)``
 uint8 labels in ``0..NUM_CLASSES - 1`` (http://yann.lecun.com/exdb/mnist/, "the IDX file format").
+Each file may be uncompressed or gzip-compressed, as MNIST and its family ship (``<name>.gz``): a
+gzipped file is decompressed in memory as it is read, never onto disk, so the data folder may be
+read-only (:func:`find_idx_file`).
 """
 
+import contextlib
+import gzip
 import importlib
+import io
 import math
-import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+import zlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
+import numpy as np
+import torch
 from torch import Tensor
-from torchvision.datasets.mnist import read_image_file, read_label_file
 
-from mnist_ddp.errors import DataFormatError, DataNotAvailableError
+from mnist_ddp.errors import DataFormatError, DataNotAvailableError, first_line
 
 #: The number of classes: labels are ``0..9``; every network outputs that many logits.
 NUM_CLASSES = 10
@@ -48,64 +56,104 @@ def import_class(path: str) -> type:
     return found
 
 
+def find_idx_file(folder: Path, name: str) -> Path:
+    """The file ``name`` in ``folder``, uncompressed or as shipped: ``folder / name`` if it is a
+    file, else ``folder / (name + ".gz")`` if that is one, else ``folder / name`` (missing: the
+    errors then name it).
+
+    When both are there the uncompressed one is read: it is what a user who decompressed the
+    archive meant, and reads without decompressing. Whether a file is gzip-compressed is told by
+    its first bytes, not its name (:func:`_open_idx`), so a ``.gz`` that a browser already
+    decompressed reads as well.
+
+    Raises:
+        PermissionError: when ``folder`` cannot be searched.
+    """
+    for candidate in (folder / name, folder / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    return folder / name
+
+
 def ensure_idx_files(raw_dir: Path, files: Sequence[str], download: str | None = "torchvision.datasets.MNIST") -> Path:
-    """Make sure ``raw_dir`` holds every file of ``files``, downloading them if needed.
+    """Make sure ``raw_dir`` holds every file of ``files``, uncompressed or gzipped
+    (:func:`find_idx_file`), downloading them if needed.
 
     Args:
         raw_dir: the folder that holds, or will receive, the files.
-        files: their names.
+        files: their names (uncompressed; ``<name>.gz`` is found too).
         download: import path of a torchvision data set class of the MNIST family
             (``torchvision.datasets.MNIST``, ``FashionMNIST``, ``KMNIST``) that fetches the files
             (and checks each archive's MD5), or None for a data set that cannot be downloaded.
-            It downloads into a temporary folder beside ``raw_dir``; the files are moved into
-            place only once all of them are complete, so an interrupted or failed download never
-            leaves a partial file behind (nor the folders it created).
+            It downloads into a temporary folder inside ``raw_dir``, created first: a folder
+            this user cannot write is refused before anything is fetched. The files are moved
+            into place only once all of them are complete, so an interrupted or failed download
+            never leaves a partial file behind (nor the folders it created).
 
     Returns:
         ``raw_dir``.
 
     Raises:
         DataNotAvailableError: if the folder cannot be read, or files are missing and cannot be
-            downloaded (no network, the folder is not writable, or ``download`` is None). The
+            downloaded (``download`` is None, the folder cannot be written, no network). The
             message names the folder and the files.
     """
     raw = Path(raw_dir)
     try:
-        missing = [name for name in files if not (raw / name).is_file()]
+        missing = [name for name in files if not find_idx_file(raw, name).is_file()]
     except PermissionError as err:
         raise unreadable(raw, "chmod a+rx on the folders, a+r on the files") from err
     if not missing:
         return raw
+    not_found = f"{', '.join(missing)} not found in {raw} (nor as .gz)"
+    put_them = f"Put the files {', '.join(files)} (uncompressed or .gz) into {raw}"
     if download is None:
         raise DataNotAvailableError(
-            f"{', '.join(missing)} not found in {raw}, and this data set has no download (data.download=null). "
-            f"Put the files {', '.join(files)} into {raw}, "
-            "or point data.data_dir (and data.subdir) at a folder that has them."
+            f"{not_found}, and this data set has no download (data.download=null). "
+            f"{put_them}, or point data.data_dir (and data.subdir) at a folder that has them."
         )
     dataset_class = import_class(download)
-    # The outermost folder this call creates: removed again if the download fails.
-    created = next((folder for folder in reversed([raw, *raw.parents]) if not folder.exists()), None)
-    try:
-        raw.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".download-", dir=raw.parent) as tmp:
-            dataset_class(tmp, train=True, download=True)
-            fetched = Path(tmp) / dataset_class.__name__ / "raw"  # torchvision's layout: <root>/<class>/raw
-            raw.mkdir(exist_ok=True)
-            for name in files:
-                os.replace(fetched / name, raw / name)
-    # Whatever the download raised: URLError (no network), http.client.IncompleteRead (a transfer cut
-    # off), RuntimeError (an archive whose MD5 does not match), OSError (a folder not writable).
-    except Exception as err:
-        if created is not None:
-            shutil.rmtree(created, ignore_errors=True)
-        raise DataNotAvailableError(
-            f"{dataset_class.__name__} is missing from {raw} ({', '.join(missing)} not found) and could not be "
-            f"downloaded: {(str(err).strip() or type(err).__name__).splitlines()[-1]}\n"
-            f"Put the uncompressed IDX files {', '.join(files)} into {raw}, "
-            f"or point data.data_dir (and data.subdir) at a folder that has them, "
-            f"or run once on a machine with internet access."
-        ) from err
+    lineage = [raw, *raw.parents]
+    # The innermost folder that exists, which must be writable; the outermost one this call creates,
+    # removed again if the download fails.
+    existing = next(folder for folder in lineage if folder.exists())
+    created = next((folder for folder in reversed(lineage) if not folder.exists()), None)
+    with _removed_on_error(created):
+        try:
+            raw.mkdir(parents=True, exist_ok=True)
+            tmp = tempfile.TemporaryDirectory(prefix=".download-", dir=raw)
+        except OSError as err:
+            raise DataNotAvailableError(
+                f"{not_found}, and they cannot be downloaded there: {existing} cannot be written "
+                f"({err.strerror or err}). {put_them}, or point data.data_dir at a folder you can write."
+            ) from None
+        try:
+            with tmp:
+                dataset_class(tmp.name, train=True, download=True)
+                fetched = Path(tmp.name) / dataset_class.__name__ / "raw"  # torchvision's layout: <root>/<class>/raw
+                for name in files:
+                    (fetched / name).replace(raw / name)
+        # Whatever the download raised: URLError (no network), http.client.IncompleteRead (a transfer
+        # cut off), RuntimeError (an archive whose MD5 does not match), OSError (a full disk).
+        except Exception as err:
+            raise DataNotAvailableError(
+                f"{dataset_class.__name__} is missing from {raw} ({', '.join(missing)} not found, nor as .gz) and "
+                f"could not be downloaded: {(str(err).strip() or type(err).__name__).splitlines()[-1]}\n"
+                f"{put_them}, or point data.data_dir (and data.subdir) at a folder that has them, "
+                f"or run once on a machine with internet access."
+            ) from err
     return raw
+
+
+@contextlib.contextmanager
+def _removed_on_error(folder: Path | None) -> Iterator[None]:
+    """Remove ``folder`` (unless None) when the block raises, then let the error through."""
+    try:
+        yield
+    except BaseException:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def unreadable(path: Path, fix: str) -> DataNotAvailableError:
@@ -125,8 +173,8 @@ IMAGES_KIND, LABELS_KIND = "uint8 images (N, 28, 28)", "uint8 labels (N,)"
 
 
 def check_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> Tensor:
-    """Check one split's two IDX files without reading the images: their headers and sizes, the
-    image size, the sample counts, and the labels (small: one byte per sample).
+    """Check one split's two IDX files without holding the images in memory: their headers and
+    sizes, the image size, the sample counts, and the labels (small: one byte per sample).
 
     Returns:
         The labels, ``(N,)`` int64 in ``0..num_classes - 1``.
@@ -134,9 +182,9 @@ def check_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> T
     Raises:
         DataNotAvailableError: when a file cannot be read (see :func:`check_idx_file`).
         DataFormatError: naming the file, when a file is not an IDX file of the expected kind
-            (images: 3 dimensions, uint8; labels: 1 dimension, uint8) or is truncated (see
-            :func:`check_idx_file`), the images are not 28x28, the two files hold different
-            numbers of samples, or a label is outside the classes.
+            (images: 3 dimensions, uint8; labels: 1 dimension, uint8), is truncated, or is a
+            truncated or corrupt gzip file (see :func:`check_idx_file`), the images are not 28x28,
+            the two files hold different numbers of samples, or a label is outside the classes.
     """
     count, *size = check_idx_file(images_file, 3, IMAGES_KIND)
     if tuple(size) != IMAGE_SIZE:
@@ -144,7 +192,7 @@ def check_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> T
             f"{images_file} holds {size[0]}x{size[1]} images; this template's networks take {IMAGE_SIZE[0]}x"
             f"{IMAGE_SIZE[1]} (resize the data set, or change the networks in mnist_ddp/models/networks.py)."
         )
-    labels = _read_idx(read_label_file, labels_file, 1, LABELS_KIND)
+    labels = read_idx_file(labels_file, 1, LABELS_KIND).long()
     if count != len(labels):
         raise DataFormatError(f"{images_file} holds {count} images but {labels_file} {len(labels)} labels.")
     if len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < num_classes:
@@ -156,50 +204,106 @@ def check_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> T
 
 
 def read_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> tuple[Tensor, Tensor]:
-    """Read one split's images and labels from their IDX files, with torchvision's IDX reader,
-    after :func:`check_idx_split` (whose errors it raises).
+    """Read one split's images and labels from their IDX files (uncompressed or gzipped), after
+    :func:`check_idx_split` (whose errors it raises).
 
     Returns:
         images ``(N, 28, 28)`` uint8 and labels ``(N,)`` int64 in ``0..num_classes - 1``.
     """
     labels = check_idx_split(images_file, labels_file, num_classes)
-    return _read_idx(read_image_file, images_file, 3, IMAGES_KIND), labels
+    return read_idx_file(images_file, 3, IMAGES_KIND), labels
+
+
+#: The first two bytes of every gzip file (RFC 1952).
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@contextlib.contextmanager
+def _open_idx(path: Path) -> Iterator[BinaryIO]:
+    """``path`` opened for reading its content: decompressed as it is read when the file is
+    gzip-compressed (its first bytes are gzip's magic number, whatever its name), as is otherwise.
+
+    Raises:
+        DataNotAvailableError: when the file cannot be read (permissions).
+        DataFormatError: when reading the decompressed content fails, for a gzip file that is
+            truncated or corrupt (``gzip.BadGzipFile``, ``EOFError``, ``zlib.error``).
+    """
+    try:
+        with open(path, "rb") as file:
+            compressed = file.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+        with gzip.open(path, "rb") if compressed else open(path, "rb") as file:
+            yield file
+    except PermissionError as err:
+        raise unreadable(path, "chmod a+r") from err
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise DataFormatError(
+            f"{path} is a truncated or corrupt gzip file ({first_line(err)}). Copy or download it again "
+            "(with data.download set, delete it and the next run downloads it)."
+        ) from err
 
 
 def check_idx_file(path: Path, ndim: int, kind: str) -> tuple[int, ...]:
-    """Check an IDX file's header against the file's size, before anything reads its data.
-
-    The IDX format (http://yann.lecun.com/exdb/mnist/, "the IDX file format"): two zero bytes, a
-    type byte (0x08: uint8), the number of dimensions, one big-endian uint32 size per dimension,
-    then the values. torchvision's reader checks the header with ``assert`` and a truncated file
-    only fails in its final reshape, so these checks come first and say what is wrong.
-
-    Args:
-        path: the file.
-        ndim: the dimensions it must have (3: images ``(N, 28, 28)``, 1: labels ``(N,)``).
-        kind: what it holds, for the messages (``"uint8 images (N, 28, 28)"``).
+    """Check an IDX file's header against the size of its content without holding the content
+    in memory (a gzipped file is decompressed in chunks to count its bytes).
 
     Returns:
         The shape its header announces.
 
     Raises:
-        DataNotAvailableError: when the file cannot be read (permissions).
+        DataNotAvailableError, DataFormatError: see :func:`_open_idx` and :func:`_check_header`.
+    """
+    with _open_idx(path) as file:
+        header = file.read(4 + 4 * ndim)
+        if isinstance(file, gzip.GzipFile):
+            size = len(header) + sum(iter(lambda: len(file.read(1 << 20)), 0))
+        else:
+            size = file.seek(0, io.SEEK_END)
+    return _check_header(path, header, size, ndim, kind)
+
+
+def read_idx_file(path: Path, ndim: int, kind: str) -> Tensor:
+    """Read an IDX file of uint8 values (uncompressed, or gzipped: decompressed in memory), after
+    the checks of :func:`_check_header` on its content. (torchvision's IDX reader opens the path
+    itself, so it reads uncompressed files only.)
+
+    Returns:
+        The values, uint8, in the shape its header announces.
+
+    Raises:
+        DataNotAvailableError, DataFormatError: see :func:`_open_idx` and :func:`_check_header`.
+    """
+    with _open_idx(path) as file:
+        content = bytearray(file.read())
+    offset = 4 + 4 * ndim
+    shape = _check_header(path, bytes(content[:offset]), len(content), ndim, kind)
+    return torch.from_numpy(np.frombuffer(content, np.uint8, offset=offset).reshape(shape))
+
+
+def _check_header(path: Path, header: bytes, size: int, ndim: int, kind: str) -> tuple[int, ...]:
+    """Check the header of an IDX file's content against the content's size, before anything reads
+    its data.
+
+    The IDX format (http://yann.lecun.com/exdb/mnist/, "the IDX file format"): two zero bytes, a
+    type byte (0x08: uint8), the number of dimensions, one big-endian uint32 size per dimension,
+    then the values. Every check is on the content (a gzipped file's decompressed bytes), so that
+    the reader's reshape cannot fail and each message says what is wrong.
+
+    Args:
+        path: the file, for the messages.
+        header: the content's first ``4 + 4 * ndim`` bytes (fewer when the content is shorter).
+        size: the content's size in bytes.
+        ndim: the dimensions it must have (3: images ``(N, 28, 28)``, 1: labels ``(N,)``).
+        kind: what it holds, for the messages (``"uint8 images (N, 28, 28)"``).
+
+    Returns:
+        The shape the header announces.
+
+    Raises:
         DataFormatError: for another magic number (another type, another number of dimensions, a
-            gzip archive), a file shorter than its header announces (truncated) or longer (not one
-            IDX file).
+            file gzipped twice), content shorter than its header announces (truncated) or longer
+            (not one IDX file).
     """
     expected_magic = bytes([0, 0, 0x08, ndim])
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as file:
-            header = file.read(4 + 4 * ndim)
-    except PermissionError as err:
-        raise unreadable(path, "chmod a+r") from err
-    if header[:2] == b"\x1f\x8b":
-        name = path.name
-        raise DataFormatError(
-            f"{path} is gzip-compressed: decompress it in place (mv {name} {name}.gz && gunzip {name}.gz)."
-        )
     if len(header) < 4 or header[:4] != expected_magic:
         raise DataFormatError(
             f"{path} is not an IDX file of {kind}: it starts with 0x{header[:4].hex()} instead of the magic "
@@ -218,13 +322,3 @@ def check_idx_file(path: Path, ndim: int, kind: str) -> tuple[int, ...]:
             )
         raise DataFormatError(f"{path} has {size - announced:,} bytes more than the {what} its header announces.")
     return shape
-
-
-def _read_idx(reader: Callable[[str], Tensor], path: Path, ndim: int, kind: str) -> Tensor:
-    check_idx_file(path, ndim, kind)
-    try:
-        return reader(str(path))
-    # What the header check cannot see: torchvision's reader checks the header with assert and
-    # the dtype and dimensions with TypeError / ValueError.
-    except (AssertionError, KeyError, RuntimeError, TypeError, ValueError) as err:
-        raise DataFormatError(f"{path} is not an IDX file of {kind}: {err or type(err).__name__}") from err
