@@ -74,6 +74,13 @@ def synthetic_data_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def synthetic_data(synthetic_data_dir) -> list[str]:
+    """The overrides that point a command at :func:`synthetic_data_dir` (a validation split that
+    leaves training images): the commands check the data before they start."""
+    return [f"data.data_dir={synthetic_data_dir}", "data.val_size=200"]
+
+
+@pytest.fixture(scope="session")
 def synthetic_run(synthetic_data_dir, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """One finished 2-epoch run with 2 gloo processes on the synthetic data: (log_dir, result)."""
     log_dir = tmp_path_factory.mktemp("logs")

@@ -1,103 +1,30 @@
 """Entry point: ``python -m mnist_ddp.eval ckpt_path=<checkpoint> [key=value ...]``.
 
-Tests a checkpoint on the official test set with ``trainer.devices`` DDP processes and writes
-``test/loss`` and ``test/acc`` to ``metrics.json`` in its own run directory (``logs/evals/``).
-Each test image is evaluated exactly once whatever the number of processes, so the metrics
-equal those of the training run's own test of the same checkpoint.
+Tests a checkpoint on the official test set with ``trainer.devices`` DDP processes, on the model
+and data set of the checkpoint's training run, and writes ``test/loss`` and ``test/acc`` to
+``metrics.json`` in its own run directory (``logs/evals/``): :mod:`mnist_ddp.tasks.evaluate` says how.
+
+Like :mod:`mnist_ddp.train`, this module imports Hydra and the config schema only, so that a bad
+command line is refused before torch and Lightning are imported.
 """
 
-import logging
-from pathlib import Path
-
 import hydra
-import lightning as L
-from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-from mnist_ddp.callbacks.signals import stop_on_signals
-from mnist_ddp.cli.job import METRICS_FILE, run_job
-from mnist_ddp.cli.outputs import write_json
-from mnist_ddp.cli.preflight import run_entry_point
-from mnist_ddp.cli.saved_run import data_set_of_run, run_config_path, saved_run_config
+from mnist_ddp.cli.command_line import run_entry_point
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
-from mnist_ddp.cli.trainer import build_trainer
-from mnist_ddp.distributed.host_memory import keep_freed_host_memory
 from mnist_ddp.errors import exit_on_usage_error
 
-log = logging.getLogger(__name__)
-info = rank_zero_only(log.info)
-
 register_configs()
-
-
-def model_config(cfg: DictConfig, checkpoint: Path) -> DictConfig:
-    """The ``model`` node of the checkpoint's training run, else ``cfg.model``."""
-    run = saved_run_config(checkpoint)
-    if run is not None:
-        info(f"Model config from the checkpoint's run: {run_config_path(checkpoint)}")
-        return run.model
-    info(f"No run config at {run_config_path(checkpoint)}: using model={cfg.model.net._target_} from this command")
-    return cfg.model
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
 @exit_on_usage_error
 def main(cfg: DictConfig) -> float | None:
-    """Test one checkpoint; returns its ``test/acc`` (None if a process failed in a sweep).
+    """Test one checkpoint (:func:`mnist_ddp.tasks.evaluate.evaluate_checkpoint`); returns its ``test/acc``."""
+    from mnist_ddp.tasks.evaluate import evaluate_checkpoint  # torch and Lightning: see the module's docstring
 
-    Raises:
-        CheckpointError: if ``ckpt_path`` is missing, unreadable, untrusted, or another model's
-            (see :func:`mnist_ddp.distributed.checkpoint_io.check_checkpoint`).
-        JobFailedError: a process failed (reported as one line).
-    """
-    info(f"Run directory: {cfg.paths.output_dir}")
-    checkpoint = Path(cfg.ckpt_path).resolve()
-    # The data set the model was trained on, not this command's default (already checked against
-    # this command's overrides before the run directory existed: mnist_ddp.cli.preflight).
-    run = saved_run_config(checkpoint)
-    taken = data_set_of_run(cfg.data, run, checkpoint, HydraConfig.get().overrides.task)
-    if run is not None:
-        info(f"Data set of the checkpoint's run: {', '.join(taken) or 'the same as this command'}")
-    else:
-        info(
-            f"No run config at {run_config_path(checkpoint)}: evaluating on this command's data set "
-            f"(data.subdir={cfg.data.subdir}, data.mean={cfg.data.mean}, data.std={cfg.data.std})"
-        )
-    return run_job(evaluate, cfg, before_launch=check_before_launch).get("test/acc")
-
-
-def check_before_launch(cfg: DictConfig) -> None:
-    """In the supervisor, once: fetch and check the data. (The checkpoint is checked earlier, with
-    the command line: :func:`mnist_ddp.cli.preflight.check_command_line`.)"""
-    instantiate(cfg.data).prepare_data()
-
-
-def evaluate(cfg: DictConfig) -> dict:
-    """One process's part of the evaluation: test the checkpoint on its shard of the test set.
-
-    Returns:
-        ``test/acc``, ``test/loss``, the checkpoint and the data-parallel layout; global rank 0
-        also writes them to ``metrics.json``.
-    """
-    checkpoint = Path(cfg.ckpt_path).resolve()
-    keep_freed_host_memory()  # in every process: see host_memory.py
-    L.seed_everything(cfg.seed, workers=True)
-
-    datamodule: L.LightningDataModule = instantiate(cfg.data)
-    model: L.LightningModule = instantiate(model_config(cfg, checkpoint))
-    trainer, layout = build_trainer(cfg, evaluation=True)
-
-    with stop_on_signals(trainer):
-        # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.
-        (metrics,) = trainer.test(model, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=True)
-
-    metrics = {**metrics, "checkpoint": str(checkpoint), **layout}
-    if trainer.is_global_zero:
-        write_json(Path(cfg.paths.output_dir) / METRICS_FILE, metrics)
-    info(f"Test accuracy {metrics['test/acc']:.4f}, test loss {metrics['test/loss']:.4f} ({checkpoint})")
-    return metrics
+    return evaluate_checkpoint(cfg)
 
 
 def cli() -> None:

@@ -1,36 +1,19 @@
 """Entry point: ``python -m mnist_ddp.train [key=value ...]`` (add ``-m`` for a sweep).
 
-Composes the config from ``conf/``, checks it, and runs each job on ``trainer.devices`` DDP
-processes (:func:`mnist_ddp.cli.job.run_job`). Each process builds the DataModule, model, callbacks,
-logger and DDP Trainer from the config, trains, then evaluates the best checkpoint on the
-validation split and on the official 10,000-image test set (:func:`fit_and_test`); global rank 0
-writes both to ``metrics.json`` in the run directory.
+Composes the config from ``conf/``, checks the command line
+(:func:`mnist_ddp.cli.command_line.run_entry_point`), then trains and tests each job on
+``trainer.devices`` DDP processes: :mod:`mnist_ddp.tasks.train` says how.
+
+This module imports Hydra and the config schema only. torch and Lightning, which take seconds to
+import, come after the command line's keys are checked, so that a typo is refused in about a second.
 """
 
-import logging
-from pathlib import Path
-
 import hydra
-import lightning as L
-from hydra.utils import instantiate
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-from mnist_ddp.callbacks.run_summary import RunSummary
-from mnist_ddp.callbacks.signals import stop_on_signals
-from mnist_ddp.cli.job import METRICS_FILE, launcher_restarts, run_job
-from mnist_ddp.cli.outputs import config_fingerprint, write_json
-from mnist_ddp.cli.preflight import run_entry_point
-from mnist_ddp.cli.resume import in_place_resume_step
+from mnist_ddp.cli.command_line import run_entry_point
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
-from mnist_ddp.cli.trainer import build_trainer, checkpoint_to_resume
-from mnist_ddp.distributed.host_memory import keep_freed_host_memory
-from mnist_ddp.distributed.layout import LRScaling, scale_learning_rate
 from mnist_ddp.errors import exit_on_usage_error
-
-log = logging.getLogger(__name__)
-# Every process runs this file; messages about the whole run come from global rank 0 only.
-info = rank_zero_only(log.info)
 
 register_configs()
 
@@ -38,83 +21,10 @@ register_configs()
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
 @exit_on_usage_error
 def main(cfg: DictConfig) -> float | None:
-    """Train and evaluate one job; returns the best checkpoint's ``val/acc`` (what sweepers
-    maximize), or None for a failed job of a sweep (Optuna records a failed trial and goes on;
-    a NaN would crash hydra-optuna-sweeper 1.2, which then tells Optuna a value for a failed trial).
+    """Train and test one job (:func:`mnist_ddp.tasks.train.train`); returns its best ``val/acc``."""
+    from mnist_ddp.tasks.train import train  # torch and Lightning: see the module's docstring
 
-    Raises:
-        UsageError: for a config value, data file or checkpoint the user must fix (reported as one line).
-        JobFailedError: a process of a single run failed (reported as one line).
-    """
-    info(f"Run directory: {cfg.paths.output_dir}")
-    return run_job(fit_and_test, cfg, before_launch=check_before_launch).get("val/acc")
-
-
-def check_before_launch(cfg: DictConfig) -> None:
-    """In the supervisor, once: fetch and check the data, so that missing or broken data is one
-    line before any process starts. (``ckpt_path`` is checked earlier, with the command line.)"""
-    datamodule = instantiate(cfg.data)
-    datamodule.prepare_data()
-    datamodule.check_val_size()
-
-
-def fit_and_test(cfg: DictConfig) -> dict:
-    """One process's part of a training job: fit, then validate and test the best checkpoint.
-
-    Returns:
-        The metrics (``val/acc``, ``val/loss``, ``test/acc``, ``test/loss``, the checkpoint and the
-        data-parallel layout), the same on every rank; global rank 0 also writes them to
-        ``metrics.json``.
-    """
-    keep_freed_host_memory()  # in every process: see host_memory.py (10-25% per step on CPU)
-    # On every rank: each process reads the job's config, and they must agree.
-    log.info(f"Composed config sha256 {config_fingerprint(cfg)}")
-    L.seed_everything(cfg.seed, workers=True)
-
-    base_lr = cfg.model.optimizer.lr
-    rule = LRScaling(cfg.lr_scaling.rule)
-    effective_lr = scale_learning_rate(base_lr, cfg.data.global_batch_size, cfg.lr_scaling.reference_batch_size, rule)
-    # HPARAMS and the config text show the config as composed (the lr a sweep set), plus the rate in use.
-    run_summary = RunSummary(cfg, extra_hparams={"effective_lr": effective_lr})
-    cfg.model.optimizer.lr = effective_lr
-
-    datamodule: L.LightningDataModule = instantiate(cfg.data)
-    model: L.LightningModule = instantiate(cfg.model)
-    # A resume in place continues the run's TensorBoard run: the points after its checkpoint go.
-    purge_step = in_place_resume_step(Path(cfg.paths.output_dir), cfg.ckpt_path)
-    logger_options = {} if purge_step is None else {"purge_step": purge_step}
-    trainer, layout = build_trainer(cfg, extra_callbacks=[run_summary], logger_options=logger_options)
-    info(
-        "Data parallel: world_size={world_size}, global batch {global_batch_size} = "
-        "{per_device_batch_size} per device x {world_size} processes x {accumulate_grad_batches} "
-        "accumulated micro-batches".format(**layout)
-    )
-    info(
-        f"Learning rate {cfg.model.optimizer.lr:g} (model.optimizer.lr={base_lr:g} tuned at reference batch "
-        f"{cfg.lr_scaling.reference_batch_size}, lr_scaling.rule={rule.value})"
-    )
-    ckpt_path = checkpoint_to_resume(cfg.ckpt_path, trainer)
-    if restarts := launcher_restarts():
-        resume = {None: "Lightning's SLURM requeue checkpoint", "last": "the run's latest checkpoint"}
-        info(f"Restart {restarts} of this job by its launcher: fit resumes from {resume.get(ckpt_path, ckpt_path)}")
-
-    with stop_on_signals(trainer):
-        # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-        # The best checkpoint by val/acc; without one (fast_dev_run saves none) the final weights.
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        (val,) = trainer.validate(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
-        (test,) = trainer.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
-
-    metrics = {**val, **test, "checkpoint": best or None, **layout}
-    if trainer.is_global_zero:
-        write_json(Path(cfg.paths.output_dir) / METRICS_FILE, metrics)
-    info(
-        f"Test accuracy {metrics['test/acc']:.4f}, test loss {metrics['test/loss']:.4f}; "
-        f"val accuracy {metrics['val/acc']:.4f} (checkpoint {best or 'final weights'})"
-    )
-    info(f"Run directory: {cfg.paths.output_dir}")
-    return metrics
+    return train(cfg)
 
 
 def cli() -> None:

@@ -63,4 +63,20 @@ def test_a_read_only_log_folder_is_refused(synthetic_data_dir):
         shutil.rmtree(top)
 
 
+@pytest.mark.parametrize(("module", "typo"), [("mnist_ddp.train", "data.global_batch_sze=64"),
+                                             ("mnist_ddp.eval", "trainer.devics=2")])  # fmt: skip
+def test_a_typo_is_refused_before_torch_is_imported(module, typo, tmp_path):
+    # The keys are checked with Hydra alone (cli/command_line.py): torch and Lightning take seconds.
+    command = cli_command(typo, log_dir=tmp_path, module=module)
+    command[1:1] = ["-X", "importtime"]  # Python lists every module it imports on stderr
+    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert "hydra" in imported and "torch" not in imported and "lightning" not in imported
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert result.returncode == 1 and errors[0].startswith(f"Error: Unknown key {typo.split('=')[0]}"), errors
+    assert len(errors) == 1 and not list(tmp_path.iterdir()), "one line, nothing written"
+
+
 # --- the rendezvous address and the run directory ----------------------------------------------

@@ -164,4 +164,6 @@ def test_the_renamed_console_script_trains_with_two_processes(installed, tmp_pat
     (run_dir,) = (tmp_path / "logs" / "runs").iterdir()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["test/acc"] >= 0.9, metrics
-    assert f"[rank 1][{NEW_PACKAGE}.train]" in (run_dir / "train.log").read_text(), "rank 1 ran the renamed package"
+    assert f"[rank 1][{NEW_PACKAGE}.tasks.train]" in (run_dir / "train.log").read_text(), (
+        "rank 1 ran the renamed package"
+    )

@@ -86,10 +86,10 @@ class RunsCode:
         return os.system, (f"touch {self.marker}",)
 
 
-def test_the_commands_check_the_checkpoint_with_the_command_line(checkpoint, tmp_path):
+def test_the_commands_check_the_checkpoint_with_the_command_line(checkpoint, tmp_path, synthetic_data):
     # Before Hydra creates the run directory: the training command against the model it builds,
     # eval against the model of the checkpoint's own run (when it left its config).
-    command = ["trainer.accelerator=cpu", f"ckpt_path={checkpoint}"]
+    command = ["trainer.accelerator=cpu", f"ckpt_path={checkpoint}", *synthetic_data]
     with pytest.raises(CheckpointError, match="was saved from another model configuration: missing keys"):
         check_command_line("config", [*command, "model=mlp"])
     check_command_line("config", command)

@@ -13,6 +13,7 @@ by its variables.
 
 import multiprocessing
 import os
+import re
 import socket
 import time
 
@@ -42,7 +43,7 @@ def test_more_gpus_than_the_machine_has_are_refused():
     expected = (
         "trainer.accelerator=gpu needs GPUs, but this machine has none: 0 visible"
         if available == 0
-        else f"trainer.devices={available + 1} asks for more GPUs than this machine has: {available} visible"
+        else f"trainer.devices={available + 1}: You requested gpu: {list(range(available + 1))}"
     )
     assert refused("trainer.accelerator=gpu", f"trainer.devices={available + 1}").startswith(expected)
 
@@ -50,18 +51,21 @@ def test_more_gpus_than_the_machine_has_are_refused():
 @pytest.mark.parametrize(
     ("devices", "message"),
     [
-        ("2", "trainer.devices=2 asks for more GPUs than this machine has: 1 visible. Use trainer.devices=1"),
-        ("[0,3]", "trainer.devices=[0, 3] names GPUs that do not exist: 1 visible, indices 0..0."),
+        # Lightning's own parser counts them (CUDAAccelerator.parse_devices); the message adds the key and the fix.
+        ("2", "trainer.devices=2: You requested gpu: [0, 1] But your machine only has: [0] (1 visible). Use"),
+        ("[0,3]", "trainer.devices=[0, 3]: You requested gpu: [0, 3] But your machine only has: [0] (1 visible)."),
+        ("[0,0]", "trainer.devices=[0, 0]: Device ID's (GPU) must be unique. (1 visible)."),
+        ("0", "trainer.devices=0 is not a positive GPU count, a list of GPU indices, -1 or auto (every GPU)."),
     ],
 )
-def test_gpu_counts_and_indices_are_checked_against_the_visible_gpus(monkeypatch, devices, message):
+def test_gpu_counts_and_indices_are_checked_against_the_visible_gpus(monkeypatch, devices, message, synthetic_data):
     # Mocked: a machine with one GPU (none exists here).
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    with pytest.raises(ConfigValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ConfigValueError, match=re.escape(message)):
         check_command_line("config", ["trainer.accelerator=gpu", f"trainer.devices={devices}"])
-    check_command_line("config", ["trainer.accelerator=gpu", "trainer.devices=1"])
+    check_command_line("config", ["trainer.accelerator=gpu", "trainer.devices=1", *synthetic_data])
 
 
 @pytest.mark.parametrize(
@@ -113,7 +117,7 @@ def test_a_log_folder_below_a_file_is_refused(tmp_path):
     )
 
 
-def test_a_preset_setting_an_argument_the_other_model_lacks_names_it_and_the_fix():
+def test_a_preset_setting_an_argument_the_other_model_lacks_names_it_and_the_fix(synthetic_data):
     # experiment=fast sets model.net.batch_norm for the CNN; the MLP has no such argument.
     with pytest.raises(UsageError) as error:
         check_command_line("config", ["trainer.accelerator=cpu", "experiment=fast", "model=mlp"])
@@ -121,7 +125,8 @@ def test_a_preset_setting_an_argument_the_other_model_lacks_names_it_and_the_fix
     for fragment in ("model.net.batch_norm is set", "mnist_ddp.models.networks.MLP does not take it",
                      "drop it with ~model.net.batch_norm"):  # fmt: skip
         assert fragment in message, message
-    check_command_line("config", ["trainer.accelerator=cpu", "experiment=fast", "model=mlp", "~model.net.batch_norm"])
+    fixed = ["trainer.accelerator=cpu", "experiment=fast", "model=mlp", "~model.net.batch_norm"]
+    check_command_line("config", [*fixed, *synthetic_data])
 
 
 def test_a_busy_master_port_and_an_unresolvable_master_addr_are_refused(monkeypatch):
@@ -210,7 +215,7 @@ def test_nccl_and_sync_batchnorm_need_cuda():
     check_device_options("cuda", "gloo", sync_batchnorm=False)  # gloo also runs on GPUs
 
 
-def test_a_resume_in_place_with_nothing_to_resume_is_refused(tmp_path):
+def test_a_resume_in_place_with_nothing_to_resume_is_refused(tmp_path, synthetic_data):
     # Lightning would warn deep in the log and train afresh; the command says so before anything.
     run = tmp_path / "run"
     assert "does not exist" in refused(*CPU, f"hydra.run.dir={run}", "ckpt_path=last")
@@ -219,7 +224,7 @@ def test_a_resume_in_place_with_nothing_to_resume_is_refused(tmp_path):
     (run / "checkpoints").mkdir()
     (run / "checkpoints" / "last.ckpt").write_bytes(b"a checkpoint")
     (run / "metrics.json").write_text('{"status": "stopped"}')
-    check_command_line("config", [*CPU, f"hydra.run.dir={run}", "ckpt_path=last"])  # the way on
+    check_command_line("config", [*CPU, f"hydra.run.dir={run}", "ckpt_path=last", *synthetic_data])
     (run / "metrics.json").write_text('{"status": "completed"}')
     assert "completed (its metrics.json), so there is nothing to resume" in refused(
         *CPU, f"hydra.run.dir={run}", "ckpt_path=last"

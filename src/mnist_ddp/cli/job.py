@@ -44,16 +44,13 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.json"
 
 
-def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig, before_launch: Callable[[DictConfig], None]) -> dict:
+def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
     """Run ``task(cfg)`` in every process of this job and return global rank 0's metrics.
 
     Args:
         task: the job's work in one process, a module-level function (the workers import it by
             name); global rank 0 writes its metrics to ``metrics.json`` and returns them.
         cfg: the job's composed config.
-        before_launch: checks and preparation done once, in this process, before the workers
-            start (the data's download and checks, the checkpoint's check); skipped under torchrun
-            or SLURM, where Lightning prepares the data itself.
 
     Returns:
         The metrics, plus ``status`` (``completed`` or ``failed``) and ``overrides`` (this job's
@@ -72,7 +69,7 @@ def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig, before_launch: 
         metrics = task(cfg)
     else:
         with run_dir_lock(run_dir):
-            metrics = supervise(task, cfg, before_launch)
+            metrics = supervise(task, cfg)
         if metrics.get("status") == "failed":  # a failed job of a sweep: recorded as it is
             return metrics
     metrics = {"status": "completed", "overrides": overrides, **metrics}
@@ -81,11 +78,10 @@ def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig, before_launch: 
     return metrics
 
 
-def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig, before_launch: Callable[[DictConfig], None]) -> dict:
-    """:func:`run_job` on this machine: prepare, write the job file, run the workers, and read
+def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
+    """:func:`run_job` on this machine: write the job file, run the workers, and read
     rank 0's metrics; a failure or a stop is recorded in ``metrics.json`` (see :func:`run_job`)."""
     run_dir, overrides = Path(cfg.paths.output_dir), list(HydraConfig.get().overrides.task)
-    before_launch(cfg)
     # Run with python -m, the entry point's module is __main__; the workers import it by its name.
     module = task.__module__ if task.__module__ != "__main__" else sys.modules["__main__"].__spec__.name
     job_file = write_job_file(run_dir, f"{module}:{task.__name__}", cfg, HydraConfig.get().job_logging)

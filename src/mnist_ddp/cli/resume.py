@@ -12,7 +12,6 @@ logging, callbacks, the launcher) apply.
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
@@ -71,17 +70,3 @@ def resume_arguments(run_dir: Path, args: Sequence[str]) -> list[str]:
             f"Leave {key} out to resume it, or start a new run elsewhere (without hydra.run.dir and ckpt_path=last)."
         )
     return [*flags, *(override for key, override in saved_by_key.items() if key not in given_keys), *given]
-
-
-def in_place_resume_step(run_dir: Path, ckpt_path: str | None) -> int | None:
-    """The global step of the run's ``last.ckpt`` when this job resumes it in place
-    (``ckpt_path=last`` and the checkpoint exists in the job's own directory), else None.
-
-    TensorBoard's ``purge_step``: the run's event files keep their points before this step, and
-    the points the killed run logged after its last checkpoint are dropped, since the resumed run
-    logs those steps again.
-    """
-    path = run_dir / "checkpoints" / "last.ckpt"
-    if ckpt_path != "last" or not path.is_file():
-        return None
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"]

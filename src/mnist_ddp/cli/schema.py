@@ -12,15 +12,12 @@ template's own classes).
 """
 
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
-
-from mnist_ddp.cli.job import run_stamp
-from mnist_ddp.distributed.layout import LRScaling
-from mnist_ddp.distributed.strategy import CommHook
 
 #: ``conf/``, where the entry points read their configs. An installed wheel (``pip install .``) has it
 #: as the package data ``mnist_ddp/conf/``, which pyproject.toml maps the repository's top-level
@@ -138,6 +135,31 @@ class TrainerConfig:
     use_distributed_sampler: bool = MISSING
     enable_checkpointing: bool = MISSING
     default_root_dir: str | None = MISSING
+
+
+class CommHook(str, Enum):
+    """Gradient communication hooks, by the names used in ``strategy.comm_hook``
+    (:class:`mnist_ddp.distributed.strategy.CommHookDDPStrategy` registers them)."""
+
+    none = "none"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    powersgd = "powersgd"
+
+
+class LRScaling(str, Enum):
+    """How the learning rate follows the global batch size (``lr_scaling.rule``;
+    :func:`mnist_ddp.distributed.layout.scale_learning_rate` applies it).
+
+    - ``none``: ``model.optimizer.lr`` as configured.
+    - ``linear``: lr x global / reference (Goyal et al., 2017, https://arxiv.org/abs/1706.02677).
+    - ``sqrt``: lr x sqrt(global / reference) (Krizhevsky, 2014, https://arxiv.org/abs/1404.5997),
+      milder, often better for adaptive optimizers such as Adam.
+    """
+
+    none = "none"
+    linear = "linear"
+    sqrt = "sqrt"
 
 
 @dataclass
@@ -261,11 +283,19 @@ def upgrade_targets(node: Any) -> Any:
     return node
 
 
+def _run_stamp() -> str:
+    # Imported when Hydra names a run directory, not with this module: the command line's first
+    # check (mnist_ddp.cli.command_line) reads the schema without Lightning, which takes seconds.
+    from mnist_ddp.cli.job import run_stamp
+
+    return run_stamp()
+
+
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore (named in ``conf/config.yaml`` and ``conf/eval.yaml``),
     and register the ``${run_stamp:}`` resolver of the run directory names (:func:`mnist_ddp.cli.job.run_stamp`)."""
     if not OmegaConf.has_resolver("run_stamp"):
         # Cached, like Hydra's ${now:}: every job of a sweep resolves the sweep's directory alike.
-        OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
+        OmegaConf.register_new_resolver("run_stamp", _run_stamp, use_cache=True)
     ConfigStore.instance().store(name="config_schema", node=Config)
     ConfigStore.instance().store(name="eval_schema", node=EvalConfig)

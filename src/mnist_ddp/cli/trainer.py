@@ -90,18 +90,6 @@ def data_parallel_layout(trainer: L.Trainer, global_batch_size: int, evaluation:
     }
 
 
-def prepare_data_before_launch(trainer: L.Trainer, datamodule: L.LightningDataModule) -> None:
-    """Fetch the data in this process when Lightning will start the other processes itself.
-
-    This process is then alone for now, so missing data fails before any process launches.
-    (fit/test call ``prepare_data`` again on local rank 0 of each node; a no-op once the files
-    are there.) Under torchrun or SLURM every process already exists, and Lightning's own call,
-    on one process per node, is the only one.
-    """
-    if not trainer.strategy.cluster_environment.creates_processes_externally:
-        datamodule.prepare_data()
-
-
 def checkpoint_to_resume(ckpt_path: str | None, trainer: L.Trainer) -> str | None:
     """What ``trainer.fit`` resumes from: ``ckpt_path`` when given; otherwise, when the launcher has
     restarted this job (torchrun ``--max-restarts``, a SLURM requeue: :func:`launcher_restarts`),

@@ -1,5 +1,6 @@
 """Checkpoint files that a kill during saving can never leave half-written, a ``last.ckpt`` kept
-fresh inside epochs, and checkpoints checked before a run loads them."""
+fresh inside epochs, checkpoints checked before a run loads them, and the step a resume in place
+starts from."""
 
 import os
 import pickle
@@ -187,3 +188,17 @@ class LastCheckpoint(ModelCheckpoint):
         if trainer.fit_loop.epoch_loop.batch_progress.current.processed % trainer.accumulate_grad_batches:
             return
         super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+
+
+def in_place_resume_step(run_dir: Path, ckpt_path: str | None) -> int | None:
+    """The global step of the run's ``last.ckpt`` when this job resumes it in place
+    (``ckpt_path=last`` and the checkpoint exists in the job's own directory), else None.
+
+    TensorBoard's ``purge_step``: the run's event files keep their points before this step, and
+    the points the killed run logged after its last checkpoint are dropped, since the resumed run
+    logs those steps again.
+    """
+    path = run_dir / "checkpoints" / "last.ckpt"
+    if ckpt_path != "last" or not path.is_file():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"]

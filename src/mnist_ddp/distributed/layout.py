@@ -11,49 +11,19 @@ module derives the per-device batch size and refuses a global batch that does no
 
 import math
 import os
-from enum import Enum
 from typing import Any
 
 import torch
+from lightning.fabric.accelerators import CPUAccelerator, CUDAAccelerator
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import OmegaConf
 
+from mnist_ddp.cli.schema import LRScaling
 from mnist_ddp.errors import BatchSizeError, ConfigValueError
 
 #: Processes started on a machine without CUDA when ``trainer.devices=auto``, so that the default
 #: command runs real DDP (two gloo processes) on any machine.
 CPU_PROCESSES_WHEN_AUTO = 2
-
-
-def check_gpu_devices(accelerator: str, devices: Any, available: int) -> None:
-    """Refuse more GPUs than this machine shows (``torch.cuda.device_count()``, which honours
-    ``CUDA_VISIBLE_DEVICES``), before any process launches.
-
-    Args:
-        accelerator: ``trainer.accelerator`` of a GPU run (``gpu``, ``cuda``, or ``auto`` with CUDA).
-        devices: ``trainer.devices`` on a GPU run: a count, a list of device indices, or
-            ``"auto"`` / ``-1`` (every GPU).
-        available: the GPUs visible to this process.
-
-    Raises:
-        ConfigValueError: without any visible GPU, for a count above ``available``, or for an
-            index not below it.
-    """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    seen = f"{available} visible" + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "")
-    if available == 0:
-        raise ConfigValueError(
-            f"trainer.accelerator={accelerator} needs GPUs, but this machine has none: {seen}. "
-            "Use trainer.accelerator=cpu, or auto (GPUs when there are any)."
-        )
-    if isinstance(devices, int) and not isinstance(devices, bool) and devices > available:
-        raise ConfigValueError(
-            f"trainer.devices={devices} asks for more GPUs than this machine has: {seen}. "
-            f"Use trainer.devices={available} (or auto), or more nodes with trainer.num_nodes."
-        )
-    if isinstance(devices, list | tuple) and any(index >= available for index in devices):
-        raise ConfigValueError(
-            f"trainer.devices={list(devices)} names GPUs that do not exist: {seen}, indices 0..{available - 1}."
-        )
 
 
 def resolve_devices(accelerator: str, devices: Any) -> tuple[str, Any]:
@@ -75,39 +45,48 @@ def resolve_devices(accelerator: str, devices: Any) -> tuple[str, Any]:
     return accelerator, devices
 
 
-def device_count(devices: object, cuda: bool) -> int:
-    """Processes per node for ``trainer.devices`` (after :func:`resolve_devices`).
-
-    Raises:
-        ConfigValueError: for 0, a negative count other than -1, an empty list, a list on CPU,
-            or anything else Lightning does not take.
-    """
-    allowed = "a positive process count, a list of device indices, -1 or auto (every GPU)"
-    if devices in ("auto", -1, "-1") and cuda:
-        return torch.cuda.device_count()
-    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
-        return devices
-    if isinstance(devices, str) and devices.isdigit() and int(devices) > 0:
-        return int(devices)
-    if cuda and (OmegaConf.is_list(devices) or isinstance(devices, list | tuple)):
-        if len(devices) > 0 and all(isinstance(index, int) and index >= 0 for index in devices):
-            return len(devices)
-    if not cuda:
-        allowed = "a positive process count on CPU"
-    raise ConfigValueError(f"trainer.devices={devices} is not {allowed}.")
-
-
 def processes_per_node(accelerator: str, devices: Any) -> int:
-    """The worker processes one node runs for ``trainer.accelerator`` / ``trainer.devices`` as configured.
+    """The worker processes one node runs for ``trainer.accelerator`` / ``trainer.devices`` as
+    configured (after :func:`resolve_devices`), counted by Lightning's own accelerators
+    (``CUDAAccelerator.parse_devices``, ``CPUAccelerator.parse_devices``), so that the count is the
+    one the Trainer will use, and refused here, before any process starts, where they would refuse it.
 
     Raises:
-        ConfigValueError: see :func:`device_count`.
+        ConfigValueError: for a value Lightning does not take (0, a negative count other than -1,
+            an empty or repeated list, a list on CPU), for GPUs without CUDA, and for GPUs this
+            machine does not show (``torch.cuda.device_count()``, which honours
+            ``CUDA_VISIBLE_DEVICES``).
     """
     accelerator, devices = resolve_devices(accelerator, devices)
-    if OmegaConf.is_list(devices):
-        devices = OmegaConf.to_container(devices)
-    cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-    return device_count(devices, cuda)
+    devices = OmegaConf.to_container(devices) if OmegaConf.is_list(devices) else devices
+    if not (accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())):
+        try:
+            return CPUAccelerator.parse_devices(devices)
+        except TypeError:
+            raise ConfigValueError(f"trainer.devices={devices} is not a positive process count on CPU.") from None
+    visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen = f"{torch.cuda.device_count()} visible" + (
+        f" (CUDA_VISIBLE_DEVICES={visible_devices})" if visible_devices is not None else ""
+    )
+    if torch.cuda.device_count() == 0:
+        raise ConfigValueError(
+            f"trainer.accelerator={accelerator} needs GPUs, but this machine has none: {seen}. "
+            "Use trainer.accelerator=cpu, or auto (GPUs when there are any)."
+        )
+    try:
+        gpus = CUDAAccelerator.parse_devices(-1 if devices == "auto" else devices)
+    except MisconfigurationException as error:  # Lightning: "You requested gpu: [..] But your machine only has: [..]"
+        raise ConfigValueError(
+            f"trainer.devices={devices}: {' '.join(str(error).split())} ({seen}). Use trainer.devices=auto (every "
+            "GPU) or fewer, or more nodes with trainer.num_nodes."
+        ) from None
+    except TypeError:
+        gpus = None
+    if not gpus:
+        raise ConfigValueError(
+            f"trainer.devices={devices} is not a positive GPU count, a list of GPU indices, -1 or auto (every GPU)."
+        )
+    return len(gpus)
 
 
 def per_device_batch_size(global_batch_size: int, world_size: int, accumulate_grad_batches: int = 1) -> int:
@@ -155,20 +134,6 @@ def per_device_eval_batch_size(global_batch_size: int, world_size: int) -> int:
         if value < 1:
             raise BatchSizeError(f"{name} must be at least 1, got {value}.")
     return -(-global_batch_size // world_size)
-
-
-class LRScaling(str, Enum):
-    """How the learning rate follows the global batch size (``lr_scaling.rule``).
-
-    - ``none``: ``model.optimizer.lr`` as configured.
-    - ``linear``: lr x global / reference (Goyal et al., 2017, https://arxiv.org/abs/1706.02677).
-    - ``sqrt``: lr x sqrt(global / reference) (Krizhevsky, 2014, https://arxiv.org/abs/1404.5997),
-      milder, often better for adaptive optimizers such as Adam.
-    """
-
-    none = "none"
-    linear = "linear"
-    sqrt = "sqrt"
 
 
 def scale_learning_rate(lr: float, global_batch_size: int, reference_batch_size: int, rule: str) -> float:

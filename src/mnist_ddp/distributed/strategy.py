@@ -8,7 +8,6 @@ strategy registers it itself, on CUDA and CPU alike.
 """
 
 import inspect
-from enum import Enum
 from typing import Any
 
 import torch.distributed as dist
@@ -18,20 +17,12 @@ from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from mnist_ddp.cli.schema import CommHook
 from mnist_ddp.errors import ConfigValueError
 
 #: Backends on which every hook below has been run by this project's tests (gloo) or is
 #: documented by torch (nccl). Other backends are refused when a hook is configured.
 HOOK_BACKENDS = ("gloo", "nccl")
-
-
-class CommHook(str, Enum):
-    """Gradient communication hooks, by the names used in ``strategy.comm_hook``."""
-
-    none = "none"
-    fp16 = "fp16"
-    bf16 = "bf16"
-    powersgd = "powersgd"
 
 
 class CommHookDDPStrategy(DDPStrategy):

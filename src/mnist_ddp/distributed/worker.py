@@ -4,7 +4,7 @@
 device, with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, so
 Lightning sees a ``TorchElasticEnvironment`` and starts no process itself. The worker reads the
 job's config and logging config from the job file and runs the job's task
-(``mnist_ddp.train:fit_and_test``, ``mnist_ddp.eval:evaluate``).
+(``mnist_ddp.tasks.train:fit_and_test``, ``mnist_ddp.tasks.evaluate:evaluate``).
 
 Every way a worker can end is bounded:
 

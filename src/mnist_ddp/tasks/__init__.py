@@ -1,0 +1,1 @@
+"""What the entry points do with each job, in every process: train, evaluate."""
