@@ -15,7 +15,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from mnist_ddp.cli.preflight import check_command_line
+from mnist_ddp.cli.command_line import check_command_line
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.errors import CheckpointError

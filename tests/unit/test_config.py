@@ -12,8 +12,8 @@ from lightning.pytorch.callbacks import EarlyStopping, ProgressBar, Timer
 from omegaconf import open_dict
 from torch.nn import BatchNorm2d
 
-from mnist_ddp.cli.command_line import check_keys, trainer_arguments, with_trainer_arguments
-from mnist_ddp.cli.preflight import check_command_line
+from mnist_ddp.cli.command_line import check_command_line
+from mnist_ddp.cli.compose import composed_jobs, trainer_arguments, with_trainer_arguments
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.cli.trainer import build_trainer
 from mnist_ddp.errors import UsageError
@@ -41,7 +41,7 @@ def test_default_config_composes_every_group():
 def test_a_wrong_type_is_refused_naming_the_key_and_value(override):
     key, value = override.split("=")
     with pytest.raises(UsageError, match=f"^{key}: .*{value}"):
-        check_keys("config", [override])
+        composed_jobs("config", [override])
 
 
 def test_the_trainer_arguments_read_from_lightnings_source_are_its_signatures():
@@ -61,7 +61,7 @@ def test_strategy_options_compose(option, backend):
                                                    ("lr_scaling.rule=cubic", "none, linear, sqrt")])  # fmt: skip
 def test_an_unknown_choice_is_refused_with_the_allowed_values(override, allowed):
     with pytest.raises(UsageError, match=re.escape(f"expected one of [{allowed}]")):
-        check_keys("config", [override])
+        composed_jobs("config", [override])
 
 
 def test_enable_progress_bar_false_leaves_the_progress_bar_callback_out(tmp_path):

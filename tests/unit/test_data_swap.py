@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.mnist import read_image_file
 
-from mnist_ddp.cli.preflight import check_command_line
+from mnist_ddp.cli.command_line import check_command_line
 from mnist_ddp.cli.saved_run import data_set_of_run, run_config_path, saved_run_config
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.data.datamodule import MNISTDataModule, normalize

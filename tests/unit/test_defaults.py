@@ -15,7 +15,7 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from mnist_ddp.cli import schema
-from mnist_ddp.cli.command_line import missing_values
+from mnist_ddp.cli.compose import missing_values
 from mnist_ddp.cli.saved_run import DATA_SET_KEYS
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 

@@ -11,7 +11,8 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from omegaconf import open_dict
 
 from mnist_ddp.callbacks.signals import RequeueOnSlurmSignal
-from mnist_ddp.cli.job import launcher_rank, run_stamp
+from mnist_ddp.cli.job import launcher_rank
+from mnist_ddp.cli.outputs import run_stamp
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.cli.trainer import build_trainer
 from mnist_ddp.distributed.checkpoint_io import LastCheckpoint

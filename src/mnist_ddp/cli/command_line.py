@@ -1,43 +1,27 @@
-"""The command line of ``python -m mnist_ddp.<train|eval>``, and its first check: keys and types.
+"""The command line of ``python -m mnist_ddp.<train|eval>``: checked, then run.
 
-This module imports Hydra and OmegaConf only, not torch or Lightning (seconds each to import): a
-typo in a key, a value of the wrong type, an unknown group option or a required value left unset
-is refused in about a second. The values that need objects built (the model's optimizer, the
-devices, the checkpoint) are checked next, by :mod:`mnist_ddp.cli.preflight`, once those imports
-are done. Both run before Hydra creates a run directory and before any process starts.
+The check comes in two steps, both before Hydra creates a run directory and before any process
+starts. First the keys and types (:mod:`mnist_ddp.cli.compose`), with Hydra and OmegaConf alone:
+torch and Lightning take seconds to import, and a typo is refused in about a second. Then the
+values that need objects built (:mod:`mnist_ddp.cli.preflight`), once those imports are done.
 """
 
-import ast
-import dataclasses
-import difflib
-import functools
-import importlib.util
-import inspect
-import itertools
 import logging
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
-from hydra import compose, initialize_config_dir
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
-
+from mnist_ddp.cli.compose import composed_jobs, with_trainer_arguments
 from mnist_ddp.cli.resume import in_place_run_dir, resume_arguments
-from mnist_ddp.cli.schema import CONFIG_DIR, TrainerConfig, register_configs
 from mnist_ddp.cli.sweep_summary import failed_jobs
-from mnist_ddp.errors import ConfigValueError, UsageError, first_line
+from mnist_ddp.errors import UsageError
 
 
 def run_entry_point(main: Callable[[], object], config_name: str) -> None:
     """What ``python -m mnist_ddp.<train|eval>`` does.
 
-    The command line is checked first, keys (:func:`check_keys`), then values
-    (:func:`mnist_ddp.cli.preflight.check_command_line`): a bad one exits with status 1 and one
-    line on stderr. ``hydra.run.dir=<a run> ckpt_path=last`` is completed with that run's
+    The command line is checked first (:func:`check_command_line`): a bad one exits with status 1
+    and one line on stderr. ``hydra.run.dir=<a run> ckpt_path=last`` is completed with that run's
     overrides (:mod:`mnist_ddp.cli.resume`). Then ``main`` (Hydra's entry point) runs the job(s);
     a job whose process failed exits with status 1 and its error, a sweep with a failed job with
     status 1 after its summary.
@@ -49,208 +33,33 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
             # The run's .hydra/ (its config and overrides) stays as the run wrote it.
             sys.argv = [sys.argv[0], *resume_arguments(run_dir, sys.argv[1:]), "hydra.output_subdir=null"]
         sys.argv = [sys.argv[0], *with_trainer_arguments(sys.argv[1:])]
-        check_keys(config_name, sys.argv[1:])
-        # Only now torch and Lightning: the command line's keys are known to be right.
-        from mnist_ddp.cli import preflight
-
-        if preflight.launcher_rank() > 0:
-            # torchrun / srun start every process with the same command: global rank 0 writes the
-            # job's .hydra/ config, the others must not write it again at the same time.
-            sys.argv.append("hydra.output_subdir=null")
-        preflight.check_command_line(config_name, sys.argv[1:])
+        check_command_line(config_name, sys.argv[1:])
     except UsageError as error:
         print(f"Error: {error}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C while the command is being checked: nothing has started
         sys.exit(128 + signal.SIGINT)
+    from mnist_ddp.cli.job import launcher_rank  # imported by the check already
+
+    if launcher_rank() > 0:
+        # torchrun / srun start every process with the same command: global rank 0 writes the
+        # job's .hydra/ config, the others must not write it again at the same time.
+        sys.argv.append("hydra.output_subdir=null")
     main()
     if failed_jobs():
         sys.exit(1)
 
 
-def check_keys(config_name: str, args: Sequence[str]) -> None:
-    """Compose every job that ``args`` (Hydra's command-line arguments) would run, and check its
-    keys and types against the schema (:func:`composed_jobs`).
+def check_command_line(config_name: str, args: Sequence[str]) -> None:
+    """Check every job that ``args`` (Hydra's command-line arguments) would run: its keys and
+    types here (:func:`composed_jobs`), then its values
+    (:func:`mnist_ddp.cli.preflight.check_jobs`).
 
     Raises:
         UsageError: the first problem found, as one line.
     """
-    for _ in composed_jobs(config_name, args):
-        pass
+    jobs = composed_jobs(config_name, args)
+    # torch and Lightning, which take seconds to import, only now: the keys are known to be right.
+    from mnist_ddp.cli.preflight import check_jobs
 
-
-def composed_jobs(config_name: str, args: Sequence[str]) -> Iterator[tuple[list[str], DictConfig, bool]]:
-    """Compose each job of the command line ``args``, checked: unknown keys (``+`` additions
-    included), wrong types, values outside a choice, unknown group options, required values
-    (``???``) left unset.
-
-    Flags other than ``-m`` / ``--multirun`` (``--help``, ``--cfg``, ``--config-name`` ...) are
-    Hydra's own business: such command lines are left to Hydra, and no job is yielded.
-
-    Yields:
-        ``(overrides, cfg, multirun)`` per job (a ``-m`` sweep expands into several): the job's
-        overrides, its config with the ``hydra`` node (inside Hydra's ``initialize_config_dir``,
-        so that the caller can resolve it), and whether it is a sweep's job.
-
-    Raises:
-        UsageError: the first problem found, as one line.
-    """
-    flags = [arg for arg in args if arg.startswith("-")]
-    if any(flag not in ("-m", "--multirun") for flag in flags):
-        return
-    overrides = with_trainer_arguments([arg for arg in args if not arg.startswith("-")])
-    for key in ("hydra.run.dir", "hydra.sweep.dir"):
-        if any(arg.split("=", 1) == [key, ""] for arg in overrides):
-            raise ConfigValueError(f"{key} is empty (an unset shell variable?): give a folder, or leave {key} out.")
-    register_configs()
-    multirun = bool(flags)
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        for job in sweep_jobs(overrides) if multirun else [overrides]:
-            yield job, _compose(config_name, job), multirun
-
-
-def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
-    """The override lists of the jobs a ``-m`` sweep runs (Hydra's basic sweeper: the cartesian
-    product of every ``a,b`` / ``range()`` / ``choice()``). Sweeps that cannot be enumerated
-    (``interval()`` for Optuna, ``glob()``) are left out: their jobs are checked with the
-    configured value."""
-    choices = []
-    for override in OverridesParser.create().parse_overrides(list(overrides)):
-        key = override.get_key_element()
-        if not override.is_sweep_override():
-            choices.append([f"{key}={override.get_value_element_as_str()}"])
-        elif override.is_discrete_sweep() and override.value_type.name != "GLOB_CHOICE_SWEEP":
-            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
-    return [list(job) for job in itertools.product(*choices)]
-
-
-def _compose(config_name: str, overrides: list[str]) -> DictConfig:
-    """The job's config with its ``hydra`` node, its keys checked."""
-    try:
-        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
-    except MissingConfigException as error:
-        group, _, option = (error.missing_cfg_file or "").rpartition("/")
-        allowed = ", ".join(error.options or [])
-        raise UsageError(f"{group}={option}: no such option in conf/{group}/ (available: {allowed}).") from None
-    except (ConfigCompositionException, HydraException, OmegaConfBaseException) as error:
-        raise UsageError(_describe(error, compose(config_name))) from None
-    if unknown := unknown_keys(cfg):
-        raise UsageError(_unknown_key(unknown[0], cfg))
-    missing = missing_values(cfg)
-    if missing:
-        raise UsageError(
-            f"Missing value{'s' * (len(missing) > 1)} (???) for {', '.join(missing)}: set "
-            f"{'them' if len(missing) > 1 else 'it'} in the config file or on the command line ({missing[0]}=...)."
-        )
-    return cfg
-
-
-def missing_values(node: DictConfig | ListConfig, prefix: str = "") -> list[str]:
-    """The dotted keys under ``node`` whose value is ``???`` (``hydra``, Hydra's own node, left out).
-
-    ``OmegaConf.missing_keys`` would do, but it resolves every interpolation on its way, and
-    ``${hydra:runtime.output_dir}`` has no value before Hydra creates the run directory.
-    """
-    found = []
-    for key in range(len(node)) if isinstance(node, ListConfig) else node:
-        full_key = f"{prefix}{key}" if isinstance(key, str) else f"{prefix[:-1]}[{key}]"
-        child = node._get_node(key)
-        if full_key == "hydra":
-            continue
-        if OmegaConf.is_missing(node, key):
-            found.append(full_key)
-        elif isinstance(child, DictConfig | ListConfig) and not child._is_interpolation():
-            found.extend(missing_values(child, f"{full_key}."))
-    return found
-
-
-@functools.cache
-def trainer_arguments() -> frozenset[str]:
-    """The arguments of ``lightning.pytorch.Trainer``: any of them is a known ``trainer`` key, also
-    one the schema leaves out (``trainer.max_time=...`` needs no ``+``: :func:`with_trainer_arguments`).
-
-    Read from the signature of ``Trainer.__init__`` in Lightning's installed source, parsed, not
-    imported: importing Lightning takes seconds, and this check runs before (a test compares the
-    result with ``inspect.signature`` of the imported class). Where the source cannot be read
-    (Lightning installed as bytecode only), Lightning is imported.
-    """
-    spec = importlib.util.find_spec("lightning")  # finds the package without importing it
-    source = Path(spec.origin).parent / "pytorch" / "trainer" / "trainer.py" if spec and spec.origin else None
-    if source is not None and source.is_file():
-        for node in ast.walk(ast.parse(source.read_text())):
-            if isinstance(node, ast.ClassDef) and node.name == "Trainer":
-                init = next(item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__")
-                arguments = [*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs]
-                return frozenset(argument.arg for argument in arguments) - {"self"}
-    from lightning.pytorch import Trainer
-
-    return frozenset(inspect.signature(Trainer.__init__).parameters) - {"self"}
-
-
-def _schema_fields(schema: type) -> set[str]:
-    return {field.name for field in dataclasses.fields(schema)}
-
-
-def with_trainer_arguments(args: Sequence[str]) -> list[str]:
-    """``args`` with ``trainer.<name>=...`` written ``+trainer.<name>=...`` where ``name`` is an
-    argument of Lightning's Trainer that the schema (:class:`~mnist_ddp.cli.schema.TrainerConfig`)
-    leaves out: Hydra adds a key only with ``+``, and a Trainer argument is no unknown key."""
-    schema = _schema_fields(TrainerConfig)
-    rewritten = []
-    for arg in args:
-        key = arg.split("=", 1)[0]
-        name = key.removeprefix("trainer.")
-        if key.startswith("trainer.") and "=" in arg and name not in schema and name in trainer_arguments():
-            arg = f"+{arg}"
-        rewritten.append(arg)
-    return rewritten
-
-
-def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
-    """The dotted keys under ``node`` that its schema (a dataclass of :mod:`mnist_ddp.cli.schema`)
-    does not have: added with ``+``, by a typo or for an option that does not exist. The nodes the
-    schema leaves open on purpose (typed ``Any`` or ``dict``: ``callbacks``, ``model.net``,
-    ``model.optimizer`` and ``model.scheduler``, whose keyword arguments their classes check when
-    they are built, ``launcher.env``) are not looked into, nor is ``hydra`` (Hydra checks its own);
-    under ``trainer`` every argument of Lightning's Trainer is known (:func:`trainer_arguments`)."""
-    schema = OmegaConf.get_type(node)
-    if not dataclasses.is_dataclass(schema):
-        return []
-    known = _schema_fields(schema) | ({"hydra"} if not prefix else set())
-    found = []
-    for key in node:
-        if key not in known and not (schema is TrainerConfig and key in trainer_arguments()):
-            found.append(f"{prefix}{key}")
-        elif isinstance(child := node._get_node(key), DictConfig) and not child._is_interpolation() and key != "hydra":
-            found.extend(unknown_keys(child, f"{prefix}{key}."))
-    return found
-
-
-def _unknown_key(key: str, cfg: DictConfig) -> str:
-    """The message for ``key``, which ``cfg`` (its schema) does not have: the keys it could be."""
-    parent, _, name = key.rpartition(".")
-    node = OmegaConf.select(cfg, parent) if parent else cfg
-    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
-    if parent == "trainer":
-        keys = sorted(trainer_arguments())
-        allowed = "trainer takes the arguments of lightning.pytorch.Trainer"
-    else:
-        if dataclasses.is_dataclass(schema):
-            keys = sorted(_schema_fields(schema))
-        else:
-            keys = sorted(str(known) for known in node if known != name) if isinstance(node, DictConfig) else []
-        allowed = f"keys of {parent or 'the config'}: {', '.join(keys) or 'none'}"
-    close = difflib.get_close_matches(name, keys, n=1)
-    hint = f" Did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
-    return f"Unknown key {key} ({allowed}).{hint}"
-
-
-def _describe(error: Exception, defaults: DictConfig) -> str:
-    """One line for a composition error; an unknown key is described with the keys of ``defaults``
-    (the config without this command's overrides)."""
-    cause = error.__cause__ or error
-    if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
-        return _unknown_key(cause.full_key, defaults)
-    if isinstance(cause, ValidationError) and cause.full_key:
-        return f"{cause.full_key}: {first_line(cause)}."
-    return first_line(error)
+    check_jobs(config_name, jobs)

@@ -7,7 +7,7 @@ processes, runs the task in it. Either way, global rank 0 ends with ``metrics.js
 run directory: the task's metrics, the job's overrides and its status.
 
 Under torchrun or SLURM every process is started by the launcher with the same command line;
-what they need is a run directory whose name every process computes alike (:func:`run_stamp`)
+what they need is a run directory whose name every process computes alike (:func:`mnist_ddp.cli.outputs.run_stamp`)
 and a resume after the launcher restarts the job (:func:`launcher_restarts`).
 """
 
@@ -16,7 +16,6 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -117,26 +116,6 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
         return record
     remove_stacks(run_dir)
     return json.loads((run_dir / METRICS_FILE).read_text())
-
-
-def run_stamp() -> str:
-    """The name of a run's directory (Hydra's ``${run_stamp:}``), the same in every process of it.
-
-    - Under torchrun: ``torchrun-<run id>``, the rendezvous id (``--rdzv-id``; with
-      ``--standalone`` a random id per torchrun command). It stays the same when torchrun
-      restarts the workers, so the restarted job finds its own checkpoints.
-    - Under SLURM (tasks started by ``srun``): ``slurm-<job id>.<step id>``, also unchanged when
-      SLURM requeues the job.
-    - Otherwise the start time, ``%Y-%m-%d_%H-%M-%S.%f`` (microseconds keep two runs apart); the
-      worker processes read their job's directory from the job file instead.
-
-    Launcher-started processes cannot use the start time: each would get its own.
-    """
-    if TorchElasticEnvironment.detect():
-        return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
-    if SLURMEnvironment.detect():
-        return f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
-    return datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")
 
 
 def launcher_rank() -> int:

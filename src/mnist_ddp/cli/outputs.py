@@ -1,8 +1,9 @@
-"""Files a job writes into its run directory besides Lightning's own."""
+"""The run directory's name, and the files a job writes into it besides Lightning's own."""
 
 import hashlib
 import json
 import os
+from datetime import datetime
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,3 +21,27 @@ def write_json(path: Path, data: dict) -> None:
 def config_fingerprint(cfg: DictConfig) -> str:
     """First 12 hex digits of the SHA-256 of the resolved config as YAML: equal on every rank of a job."""
     return hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest()[:12]
+
+
+def run_stamp() -> str:
+    """The name of a run's directory (Hydra's ``${run_stamp:}``), the same in every process of it.
+
+    - Under torchrun: ``torchrun-<run id>``, the rendezvous id (``--rdzv-id``; with
+      ``--standalone`` a random id per torchrun command). It stays the same when torchrun
+      restarts the workers, so the restarted job finds its own checkpoints.
+    - Under SLURM (tasks started by ``srun``): ``slurm-<job id>.<step id>``, also unchanged when
+      SLURM requeues the job.
+    - Otherwise the start time, ``%Y-%m-%d_%H-%M-%S.%f`` (microseconds keep two runs apart); the
+      worker processes read their job's directory from the job file instead.
+
+    Launcher-started processes cannot use the start time: each would get its own.
+    """
+    # Lightning (seconds to import) only when Hydra names a run directory: the command line's keys
+    # are checked before, with the schema alone (mnist_ddp.cli.compose).
+    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
+    if TorchElasticEnvironment.detect():
+        return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
+    if SLURMEnvironment.detect():
+        return f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
+    return datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")

@@ -3,7 +3,7 @@
 Hydra makes the run directory before it calls the task function, and the job's processes start
 after that. A bad command line is refused before both, as one line that names the key, what is
 wrong, and what is allowed. Its keys and types are checked first, without torch or Lightning
-(:mod:`mnist_ddp.cli.command_line`); then, for each job of the command line (a ``-m`` sweep
+(:mod:`mnist_ddp.cli.compose`); then, for each job of the command line (a ``-m`` sweep
 expands into several):
 
 1. the objects that are cheap to build are built, so that their own checks run: DataModule,
@@ -16,7 +16,6 @@ expands into several):
 """
 
 import json
-import logging
 import os
 import re
 import tempfile
@@ -31,7 +30,7 @@ from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from mnist_ddp.cli.command_line import composed_jobs
+from mnist_ddp.cli.compose import Job
 from mnist_ddp.cli.job import METRICS_FILE, launcher_rank, launcher_restarts
 from mnist_ddp.cli.saved_run import data_set_of_run, saved_run_config
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
@@ -44,48 +43,49 @@ from mnist_ddp.distributed.layout import (
 )
 from mnist_ddp.errors import ConfigValueError, UsageError
 
-log = logging.getLogger(__name__)
 
-
-def check_command_line(config_name: str, args: Sequence[str]) -> None:
-    """Check every job that ``args`` (Hydra's command-line arguments) would run: its keys
-    (:func:`mnist_ddp.cli.command_line.composed_jobs`), then its values (:func:`check_job`), its
-    checkpoint and its run directory; last, once per data set, the data (:func:`check_data`).
+def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
+    """Check the values of the ``jobs`` of a command line of ``python -m mnist_ddp.<config_name>``
+    (their keys are checked: :func:`mnist_ddp.cli.compose.composed_jobs`): each one's objects
+    and layout (:func:`check_job`), checkpoint and run directory; last, once per data set, the
+    data (:func:`check_data`).
 
     Raises:
         UsageError: the first problem found, as one line.
     """
-    output_dir, multirun, cfg, data_sets = None, False, None, []
-    for job, cfg, multirun in composed_jobs(config_name, args):
-        output_dir = _enter_job(cfg, multirun)
+    if not jobs:  # a command line left to Hydra (--help, --cfg ...)
+        return
+    data_sets = []
+    for job in jobs:
+        output_dir = _output_dir(job)
+        cfg = job.cfg
         model = check_job(cfg, training=config_name != "eval")
         if config_name == "eval":  # the model and the data set of the checkpoint's run
             run = saved_run_config(Path(cfg.ckpt_path))
-            data_set_of_run(cfg.data, run, Path(cfg.ckpt_path), job)
+            data_set_of_run(cfg.data, run, Path(cfg.ckpt_path), job.overrides)
             model = instantiate(run.model) if run is not None else model
         if cfg.get("ckpt_path") not in (None, "last"):  # "last": Lightning finds the run's own
             check_checkpoint(cfg.ckpt_path, model)
         if (data := OmegaConf.to_container(cfg.data, resolve=True)) not in data_sets:  # resolved in its job
             data_sets.append(data)
-    if output_dir is None:  # a command line left to Hydra (--help, --cfg ...)
-        return
     if not launched_externally():
         check_rendezvous_address()
     resume = cfg.get("ckpt_path") == "last"
-    if resume and not multirun:
+    if resume and not job.multirun:
         check_resume_in_place(output_dir)
-    check_output_dir(output_dir, multirun, resume)
+    check_output_dir(output_dir, job.multirun, resume)
     if not launched_externally():  # under torchrun or SLURM, Lightning prepares the data on each node
         for data in data_sets:
             check_data(data, training=config_name != "eval")
 
 
-def _enter_job(cfg: DictConfig, multirun: bool) -> Path:
-    """Make ``cfg`` (a job's config with its ``hydra`` node) resolve as in its run, and drop its
-    ``hydra`` node. Returns the directory Hydra will write the job into (the sweep's under ``-m``)."""
+def _output_dir(job: Job) -> Path:
+    """Make ``job.cfg`` resolve as in its run (``${hydra:...}``, ``${paths.output_dir}``), and drop
+    its ``hydra`` node. Returns the directory Hydra will write the job into (the sweep's under ``-m``)."""
+    cfg = job.cfg
     # Interpolations such as ${hydra:runtime.cwd} resolve against this job's Hydra config.
     HydraConfig.instance().set_config(cfg)
-    output_dir = Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)
+    output_dir = Path(cfg.hydra.sweep.dir if job.multirun else cfg.hydra.run.dir)
     # What Hydra will set: ${paths.output_dir} in the callbacks' folders resolves as in the run.
     with read_write(cfg.hydra.runtime):
         cfg.hydra.runtime.output_dir = str(output_dir)

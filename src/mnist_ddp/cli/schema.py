@@ -19,6 +19,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from mnist_ddp.cli.outputs import run_stamp
+
 #: ``conf/``, where the entry points read their configs. An installed wheel (``pip install .``) has it
 #: as the package data ``mnist_ddp/conf/``, which pyproject.toml maps the repository's top-level
 #: ``conf/`` onto; a source checkout (the editable install of ``make``) has no such folder and reads
@@ -283,19 +285,11 @@ def upgrade_targets(node: Any) -> Any:
     return node
 
 
-def _run_stamp() -> str:
-    # Imported when Hydra names a run directory, not with this module: the command line's first
-    # check (mnist_ddp.cli.command_line) reads the schema without Lightning, which takes seconds.
-    from mnist_ddp.cli.job import run_stamp
-
-    return run_stamp()
-
-
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore (named in ``conf/config.yaml`` and ``conf/eval.yaml``),
-    and register the ``${run_stamp:}`` resolver of the run directory names (:func:`mnist_ddp.cli.job.run_stamp`)."""
+    and register the ``${run_stamp:}`` resolver of the run directory names (:func:`mnist_ddp.cli.outputs.run_stamp`)."""
     if not OmegaConf.has_resolver("run_stamp"):
         # Cached, like Hydra's ${now:}: every job of a sweep resolves the sweep's directory alike.
-        OmegaConf.register_new_resolver("run_stamp", _run_stamp, use_cache=True)
+        OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
     ConfigStore.instance().store(name="config_schema", node=Config)
     ConfigStore.instance().store(name="eval_schema", node=EvalConfig)

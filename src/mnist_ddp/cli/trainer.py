@@ -94,7 +94,7 @@ def checkpoint_to_resume(ckpt_path: str | None, trainer: L.Trainer) -> str | Non
     """What ``trainer.fit`` resumes from: ``ckpt_path`` when given; otherwise, when the launcher has
     restarted this job (torchrun ``--max-restarts``, a SLURM requeue: :func:`launcher_restarts`),
     ``"last"``, which Lightning resolves to the newest ``last.ckpt`` of the run's checkpoint
-    callbacks. The run directory is the same across restarts (:func:`mnist_ddp.cli.job.run_stamp`), so
+    callbacks. The run directory is the same across restarts (:func:`mnist_ddp.cli.outputs.run_stamp`), so
     that is this run's own latest checkpoint; a job that died before its first checkpoint starts
     afresh (Lightning warns). A checkpoint saved by Lightning's SLURM auto-requeue (SIGUSR1,
     ``hpc_ckpt_<n>.ckpt`` in the run directory) is newer: then None, and Lightning resumes from it.
