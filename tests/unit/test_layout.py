@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from mnist_ddp.cli.schema import CommHook
 from mnist_ddp.distributed.layout import (
     CPU_PROCESSES_WHEN_AUTO,
     per_device_batch_size,
     resolve_devices,
     scale_learning_rate,
 )
+from mnist_ddp.distributed.options import CommHook
 from mnist_ddp.distributed.strategy import CommHookDDPStrategy
 from mnist_ddp.errors import ConfigValueError
 

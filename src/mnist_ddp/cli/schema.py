@@ -12,7 +12,6 @@ template's own classes).
 """
 
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from mnist_ddp.cli.outputs import run_stamp
+from mnist_ddp.distributed.options import CommHook, LRScaling
 
 #: ``conf/``, where the entry points read their configs. An installed wheel (``pip install .``) has it
 #: as the package data ``mnist_ddp/conf/``, which pyproject.toml maps the repository's top-level
@@ -137,31 +137,6 @@ class TrainerConfig:
     use_distributed_sampler: bool = MISSING
     enable_checkpointing: bool = MISSING
     default_root_dir: str | None = MISSING
-
-
-class CommHook(str, Enum):
-    """Gradient communication hooks, by the names used in ``strategy.comm_hook``
-    (:class:`mnist_ddp.distributed.strategy.CommHookDDPStrategy` registers them)."""
-
-    none = "none"
-    fp16 = "fp16"
-    bf16 = "bf16"
-    powersgd = "powersgd"
-
-
-class LRScaling(str, Enum):
-    """How the learning rate follows the global batch size (``lr_scaling.rule``;
-    :func:`mnist_ddp.distributed.layout.scale_learning_rate` applies it).
-
-    - ``none``: ``model.optimizer.lr`` as configured.
-    - ``linear``: lr x global / reference (Goyal et al., 2017, https://arxiv.org/abs/1706.02677).
-    - ``sqrt``: lr x sqrt(global / reference) (Krizhevsky, 2014, https://arxiv.org/abs/1404.5997),
-      milder, often better for adaptive optimizers such as Adam.
-    """
-
-    none = "none"
-    linear = "linear"
-    sqrt = "sqrt"
 
 
 @dataclass

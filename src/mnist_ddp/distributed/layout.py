@@ -18,7 +18,7 @@ from lightning.fabric.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import OmegaConf
 
-from mnist_ddp.cli.schema import LRScaling
+from mnist_ddp.distributed.options import LRScaling
 from mnist_ddp.errors import BatchSizeError, ConfigValueError
 
 #: Processes started on a machine without CUDA when ``trainer.devices=auto``, so that the default

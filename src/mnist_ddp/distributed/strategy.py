@@ -17,7 +17,7 @@ from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from mnist_ddp.cli.schema import CommHook
+from mnist_ddp.distributed.options import CommHook
 from mnist_ddp.errors import ConfigValueError
 
 #: Backends on which every hook below has been run by this project's tests (gloo) or is

@@ -19,11 +19,11 @@ from mnist_ddp.callbacks.run_summary import RunSummary
 from mnist_ddp.callbacks.signals import stop_on_signals
 from mnist_ddp.cli.job import METRICS_FILE, launcher_restarts, run_job
 from mnist_ddp.cli.outputs import config_fingerprint, write_json
-from mnist_ddp.cli.schema import LRScaling
 from mnist_ddp.cli.trainer import build_trainer, checkpoint_to_resume
 from mnist_ddp.distributed.checkpoint_io import in_place_resume_step
 from mnist_ddp.distributed.host_memory import keep_freed_host_memory
 from mnist_ddp.distributed.layout import scale_learning_rate
+from mnist_ddp.distributed.options import LRScaling
 
 log = logging.getLogger(__name__)
 # Every process runs this file; messages about the whole run come from global rank 0 only.
