@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import only, run_cli
 from PIL import Image
 
 # The synthetic run (conftest.synthetic_run): 1,200 - 200 = 1,000 training images, 500 per rank in
@@ -174,3 +175,22 @@ def test_text_tab_holds_the_composed_config(board):
     server, run, run_dir, _ = board
     (entry,) = server.get_json("data/plugin/text/text", run=run, tag="config/text_summary")
     assert "global_batch_size: 64" in entry["text"] and f"output_dir: {run_dir}" in entry["text"]
+
+
+# --- debug=trace: a torch.profiler trace per rank ---------------------------------------------
+
+
+def test_debug_trace_writes_a_trace_per_rank_with_the_allreduce_and_the_optimizer_step(synthetic_data, tmp_path):
+    result = run_cli(*synthetic_data, "debug=trace", "trainer.accelerator=cpu", "trainer.devices=2",
+                     "data.global_batch_size=64", log_dir=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    traces = only(tmp_path / "runs") / "traces"
+    for rank in (0, 1):
+        (path,) = traces.glob(f"fit-trace-{rank}-*training_step*.pt.trace.json")
+        trace = json.loads(path.read_text())  # the Chrome trace format Perfetto and chrome://tracing open
+        assert (trace["distributedInfo"]["rank"], trace["distributedInfo"]["world_size"]) == (rank, 2)
+        names = {event.get("name", "") for event in trace["traceEvents"]}
+        # The 3 steps the schedule records (Lightning's default: 1 skipped, 1 of warm-up), each with its AllReduce.
+        steps = {name for name in names if name.startswith("ProfilerStep#")}
+        assert steps >= {"ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"}, (path, steps)
+        assert "gloo:all_reduce" in names and any(name.startswith("Optimizer.step#") for name in names), path
