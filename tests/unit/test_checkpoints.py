@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from mnist_ddp.cli.command_line import check_command_line
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
-from mnist_ddp.errors import CheckpointError
+from mnist_ddp.errors import CheckpointError, UsageError
 
 register_configs()
 
@@ -96,3 +96,8 @@ def test_the_commands_check_the_checkpoint_with_the_command_line(checkpoint, tmp
     check_command_line("eval", command)
     with pytest.raises(CheckpointError, match="no such file"):
         check_command_line("eval", ["trainer.accelerator=cpu", f"ckpt_path={tmp_path / 'none.ckpt'}"])
+    with pytest.raises(CheckpointError, match=f"ckpt_path={tmp_path} is a folder. Pass a .ckpt file"):
+        check_command_line("eval", ["trainer.accelerator=cpu", f"ckpt_path={tmp_path}"])
+    # "last" resumes a training run in place; evaluation takes a file.
+    with pytest.raises(UsageError, match="ckpt_path=last: evaluation needs a checkpoint file"):
+        check_command_line("eval", ["trainer.accelerator=cpu", "ckpt_path=last"])

@@ -86,7 +86,10 @@ REFUSED = [
     ("model=transformer", "model=transformer: no such option in conf/model/ (available: cnn, mlp)."),
     ("+data.shuffle=true", "Unknown key data.shuffle (keys of data: _target_"),
     # Built once before launch as every process will: torch's own checks, as one line.
-    ("model.optimizer.lr=-0.1", "model.optimizer: Invalid learning rate: -0.1"),
+    (
+        "model.optimizer.lr=-0.1",
+        "model.optimizer: Invalid learning rate: -0.1 (its arguments: model.optimizer.lr=-0.1,",
+    ),
     ("trainer.max_epochs=0", "trainer.max_epochs=0 trains nothing: set at least 1"),
     ("+foo=bar", "Unknown key foo (keys of the config: callbacks, ckpt_path, data, launcher,"),
     ("+trainer.devics=2", "Unknown key trainer.devics (trainer takes the arguments of lightning.pytorch.Trainer)."),

@@ -60,6 +60,11 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
         output_dir = _output_dir(job)
         cfg = job.cfg
         model = check_job(cfg, training=config_name != "eval")
+        if config_name == "eval" and cfg.ckpt_path == "last":  # "last" resumes a training run in place
+            raise ConfigValueError(
+                "ckpt_path=last: evaluation needs a checkpoint file, such as "
+                "ckpt_path=logs/runs/<run>/checkpoints/last.ckpt (or the best epoch_<N>.ckpt beside it)."
+            )
         if config_name == "eval":  # the model and the data set of the checkpoint's run
             run = saved_run_config(Path(cfg.ckpt_path))
             data_set_of_run(cfg.data, run, Path(cfg.ckpt_path), job.overrides)
@@ -192,7 +197,7 @@ def check_job(cfg: DictConfig, training: bool = True) -> L.LightningModule:
             hint = _unexpected_argument_hint(cfg[group], group, error.__cause__)
             raise UsageError(f"{group}: {error.__cause__ or error}{hint}") from None
     if training:
-        check_schedule(cfg.trainer, built["model"])
+        check_schedule(cfg.trainer, built["model"], cfg.model.optimizer)
     accelerator, _ = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
     cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
     if cfg.trainer.num_nodes < 1:
@@ -214,10 +219,11 @@ def check_job(cfg: DictConfig, training: bool = True) -> L.LightningModule:
     return built["model"]
 
 
-def check_schedule(trainer: DictConfig, model: L.LightningModule) -> None:
+def check_schedule(trainer: DictConfig, model: L.LightningModule, optimizer: DictConfig) -> None:
     """Refuse a run that would train nothing, and build ``model``'s optimizer and scheduler once, as
     ``configure_optimizers`` will in every process, so that the values torch refuses (a negative
     learning rate) are one line here instead of an error in every process after they started.
+    ``optimizer`` is the ``model.optimizer`` node, whose values the message shows.
 
     Raises:
         ConfigValueError: naming the key and torch's reason.
@@ -227,11 +233,13 @@ def check_schedule(trainer: DictConfig, model: L.LightningModule) -> None:
             f"trainer.max_epochs={trainer.max_epochs} trains nothing: set at least 1 (or -1 with trainer.max_steps)."
         )
     try:
-        optimizer = model.build_optimizer()
+        built = model.build_optimizer()
     except (ValueError, TypeError) as error:
-        raise ConfigValueError(f"model.optimizer: {error}") from None
+        # torch names the argument in its own words ("Invalid learning rate: -1"): show the keys too.
+        given = ", ".join(f"model.optimizer.{key}={value}" for key, value in optimizer.items() if key[0] != "_")
+        raise ConfigValueError(f"model.optimizer: {error} (its arguments: {given}).") from None
     try:
-        model.build_scheduler(optimizer, total_steps=1)  # the run's step count is known only once it runs
+        model.build_scheduler(built, total_steps=1)  # the run's step count is known only once it runs
     except (ValueError, TypeError) as error:
         raise ConfigValueError(f"model.scheduler: {error}") from None
 

@@ -138,7 +138,7 @@ def ensure_idx_files(raw_dir: Path, files: Sequence[str], download: str | None =
         except Exception as err:
             raise DataNotAvailableError(
                 f"{dataset_class.__name__} is missing from {raw} ({', '.join(missing)} not found, nor as .gz) and "
-                f"could not be downloaded: {(str(err).strip() or type(err).__name__).splitlines()[-1]}\n"
+                f"could not be downloaded: {(str(err).strip() or type(err).__name__).splitlines()[-1]}. "
                 f"{put_them}, or point data.data_dir (and data.subdir) at a folder that has them, "
                 f"or run once on a machine with internet access."
             ) from err

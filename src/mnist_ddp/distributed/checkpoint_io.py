@@ -43,6 +43,10 @@ def check_checkpoint(path: str | Path, model: nn.Module, key: str = "ckpt_path")
             the message lists the missing and unexpected keys and the other shapes.
     """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(
+            f"{key}={path} is a folder. Pass a .ckpt file, such as {path}/checkpoints/last.ckpt of a run's directory."
+        )
     if not path.is_file():
         raise CheckpointError(f"{key}={path}: no such file. Pass a .ckpt file from a run's checkpoints/ folder.")
     corrupt = (

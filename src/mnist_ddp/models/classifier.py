@@ -174,7 +174,8 @@ class MNISTClassifier(L.LightningModule):
                 f"ckpt_path: the checkpoint's learning-rate schedule spans {saved} optimizer steps, this run "
                 f"{total_steps}. Resume with the original run's trainer.max_epochs, trainer.max_steps, "
                 "trainer.limit_train_batches, data.global_batch_size and trainer.accumulate_grad_batches (its "
-                ".hydra/overrides.yaml), or resume in place (hydra.run.dir=<run> ckpt_path=last), which keeps them."
+                ".hydra/overrides.yaml), or resume in place (hydra.run.dir=<run> ckpt_path=last), which keeps them. "
+                "A one-cycle schedule cannot be lengthened: to train for longer, start a new run with more epochs."
             )
 
     def configure_optimizers(self) -> dict:
