@@ -2,11 +2,12 @@
 # `make rename NAME=my-project` makes the template your project (see below).
 #   make train ARGS="trainer.devices=4 data.global_batch_size=256"
 #   make test PYTEST_ARGS="-k data"
-# `make test-fast` runs the in-process tests only (tests/unit/, under a minute); `make test` is
+# `make test-fast` runs the in-process tests only (tests/unit/, under 2 minutes on 2 cores); `make test` is
 # the whole suite, with the real DDP processes and command lines of tests/system/ (what CI runs).
-# And the benchmark against a hand-written DDP loop (about 10 minutes on 2 CPU cores), which
-# writes benchmarks/results.md and the results section of docs/performance.md:
-#   make benchmark BENCH_ARGS="--data-dir /path/to/data"
+# And the benchmark against a hand-written DDP loop and plain Lightning (about 20 minutes on 2 CPU
+# cores), which writes benchmarks/results.md, benchmarks/per_step.md and the results sections of
+# docs/performance.md:
+#   make benchmark BENCH_ARGS="--data-dir /path/to/data"   (flags both harnesses take: --data-dir, --nproc)
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -31,6 +32,7 @@ test-fast: $(INSTALLED)
 
 benchmark: $(INSTALLED)
 	$(VENV)/bin/python -m benchmarks.run --page docs/performance.md $(BENCH_ARGS)
+	$(VENV)/bin/python -m benchmarks.per_step --page docs/performance.md $(BENCH_ARGS)
 
 # Make the template your project: `make rename NAME=fashion-ddp` renames the distribution,
 # the package (src/fashion_ddp), its imports, console scripts and Hydra targets (tools/rename.py).

@@ -31,19 +31,33 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset, default_convert
 from torchvision.datasets import MNIST
 
 MEAN, STD = 0.1307, 0.3081  # over the 60,000 MNIST training images (PyTorch's examples/mnist)
 
 
-def make_model() -> nn.Module:
-    """The template's ``CNN(batch_norm=True, dropout=0.25)``: (N, 1, 28, 28) -> (N, 10) logits."""
+def make_model(name: str = "cnn") -> nn.Module:
+    """(N, 1, 28, 28) -> (N, 10) logits. ``cnn``: the template's ``CNN(batch_norm=True, dropout=0.25)``
+    (``experiment=fast``); ``tiny``: Flatten + Linear 784 -> 10, the template's
+    ``model=mlp model.net.hidden=[] model.net.dropout=0``, too small to hide any per-step cost."""
+    if name == "tiny":
+        return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10))
     return nn.Sequential(
         nn.Conv2d(1, 32, 5), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(32, 64, 5), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(64 * 4 * 4, 128), nn.ReLU(), nn.Dropout(0.25), nn.Linear(128, 10),
     )  # fmt: skip
+
+
+class GatherSet(TensorDataset):
+    """A batch as one index gather, ``(images[indices], labels[indices])``: the template's data path
+    (``mnist_ddp.data.datamodule.GatherDataset``; a DataLoader over it takes
+    ``collate_fn=default_convert``), instead of one ``dataset[i]`` per sample and a collate."""
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
+        index = torch.as_tensor(indices, dtype=torch.int64)
+        return tuple(tensor[index] for tensor in self.tensors)
 
 
 def load(data_dir: str, train: bool) -> TensorDataset:
@@ -73,6 +87,8 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="JSON file for rank 0's figures")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--model", choices=["cnn", "tiny"], default="cnn", help="see make_model (default cnn)")
+    parser.add_argument("--gather", action="store_true", help="batches as one index gather (GatherSet)")
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -91,10 +107,13 @@ def main() -> None:
 
     batch_size = args.global_batch_size // world
     sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed, drop_last=True)
-    loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+    if args.gather:
+        loader = DataLoader(GatherSet(*train_set.tensors), batch_size, sampler=sampler, collate_fn=default_convert)
+    else:
+        loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
     steps_per_epoch = min(len(loader), args.limit_train_batches or len(loader))
 
-    net = make_model().to(device)
+    net = make_model(args.model).to(device)
     if args.compile:
         net.compile()
     model = DistributedDataParallel(net, device_ids=[device] if cuda else None)

@@ -209,18 +209,18 @@ Targets:
 """
 
 
-def update_page(page: Path, text: str) -> None:
-    """Replaces what is between the benchmark markers in the Markdown file ``page`` with ``text``.
+def update_page(page: Path, text: str, start: str = RESULTS_START, end: str = RESULTS_END) -> None:
+    """Replaces what is between the markers ``start`` and ``end`` in the Markdown file ``page`` with ``text``.
 
     Raises:
         ValueError: if the page lacks either marker.
     """
     content = page.read_text()
-    if RESULTS_START not in content or RESULTS_END not in content:
-        raise ValueError(f"{page} has no '{RESULTS_START}' ... '{RESULTS_END}' block to put the results in")
-    head, rest = content.split(RESULTS_START, 1)
-    tail = rest.split(RESULTS_END, 1)[1]
-    page.write_text(f"{head}{RESULTS_START}\n{text}\n{RESULTS_END}{tail}")
+    if start not in content or end not in content:
+        raise ValueError(f"{page} has no '{start}' ... '{end}' block to put the results in")
+    head, rest = content.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    page.write_text(f"{head}{start}\n{text}\n{end}{tail}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,6 +12,7 @@ import sys
 import pytest
 from conftest import REPO, cli_env, make_synthetic_mnist
 
+from benchmarks.per_step import PER_STEP_END, PER_STEP_START
 from benchmarks.run import RESULTS_END, RESULTS_START
 
 STEPS = 4  # optimizer steps per run in the smoke test
@@ -79,3 +80,34 @@ def test_harness_runs_reference_and_template_and_reports_their_figures(tmp_path)
     # Every target is reported, met or missed, with its figure.
     targets = re.findall(r"^- (met|\*\*missed\*\*): (.+)$", results, flags=re.MULTILINE)
     assert len(targets) == 4, results
+
+
+def test_per_step_table_holds_each_programs_milliseconds_and_their_ratios(tmp_path):
+    data = make_synthetic_mnist(tmp_path / "data", n_train=5640, n_test=200)
+    page = tmp_path / "performance.md"
+    page.write_text(f"Intro.\n{PER_STEP_START}\nold table\n{PER_STEP_END}\nMore.\n")
+    out, work = tmp_path / "per_step.md", tmp_path / "runs"
+    command = [
+        sys.executable, "-m", "benchmarks.per_step", "--data-dir", str(data), "--models", "tiny", "--steps", str(STEPS),
+        "--repeats", "1", "--out", str(out), "--page", str(page), "--work-dir", str(work),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    text = out.read_text()
+    assert page.read_text() == f"Intro.\n{PER_STEP_START}\n{text}\n{PER_STEP_END}\nMore.\n"
+    # Each program's timer saw exactly STEPS optimizer steps (the harness refuses any other count),
+    # and the table holds their times over those steps, with the ratios of those figures.
+    timers = {
+        p: json.loads((work / f"tiny-{p}-0" / "loop-timer-rank0.json").read_text())
+        for p in ("raw", "lightning", "template")
+    }
+    ms = {p: 1000 * timer["train_loop_s"] / STEPS for p, timer in timers.items()}
+    assert timers["raw"]["train_samples"] == STEPS * GLOBAL_BATCH
+    assert timers["lightning"]["train_samples"] == timers["template"]["train_samples"] == STEPS * GLOBAL_BATCH // 2
+    raw, lightning, vs_raw, template, _, vs_lightning = table_rows(text, "tiny")
+    assert (number(raw), number(lightning), number(template)) == tuple(
+        round(ms[p], 2) for p in ("raw", "lightning", "template")
+    )
+    assert number(vs_raw) == round(ms["lightning"] / ms["raw"], 2)
+    assert number(vs_lightning.split()[0]) == round(ms["template"] / ms["lightning"], 2)
+    assert vs_lightning.endswith("(met)") == (ms["template"] <= 1.05 * ms["lightning"])

@@ -1,0 +1,152 @@
+"""Milliseconds per optimizer step: the template against plain Lightning and a hand-written loop.
+
+    python -m benchmarks.per_step --data-dir data      # make benchmark runs it after benchmarks.run
+
+Three programs train the same model on real MNIST with the same gather loader (a batch is one
+index gather from tensors in memory), global batch 64, AdamW under a one-cycle schedule,
+``--nproc`` processes (gloo on CPU, NCCL on GPUs), for ``--steps`` optimizer steps:
+
+1. ``raw``: ``benchmarks/reference_ddp.py --gather``, torchrun + DistributedDataParallel by hand:
+   the floor;
+2. ``lightning``: ``benchmarks/plain_lightning.py``, ``Trainer(strategy="ddp")`` under torchrun with
+   no logger and no callback but the timer: what Lightning itself costs;
+3. ``template``: ``python -m mnist_ddp.train`` as a user runs it, the step count set by
+   ``trainer.limit_train_batches``.
+
+Each for two models: ``tiny`` (Flatten + Linear 784 -> 10, ``model=mlp model.net.hidden=[]
+model.net.dropout=0``), too small to hide anything, and ``cnn`` (the fast recipe's,
+``experiment=fast``). Rank 0 times its training loop (from the first batch to the end of the last
+optimizer step: :class:`benchmarks.probe.LoopTimer`, and the reference's own timer); a figure is
+that time over the steps, the median over ``--repeats`` runs, the programs interleaved.
+
+The table goes to ``--out`` and, with ``--page``, into a Markdown page between its per-step markers.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from benchmarks.run import REPO, torchrun, update_page
+from mnist_ddp.data.idx import ensure_mnist_files
+
+PER_STEP_START, PER_STEP_END = "<!-- per-step results: start -->", "<!-- per-step results: end -->"
+GLOBAL_BATCH = 64
+#: The template's per-step target: at most this times plain Lightning's (issue 18).
+TARGET_VS_LIGHTNING = 1.05
+#: The template's overrides for each model, as a user would give them.
+TEMPLATE_MODEL = {"tiny": ["model=mlp", "model.net.hidden=[]", "model.net.dropout=0"], "cnn": ["experiment=fast"]}
+LABELS = {
+    "raw": "raw floor: torchrun + DDP by hand",
+    "lightning": 'plain Lightning: `Trainer(strategy="ddp")`',
+    "template": "template: `python -m mnist_ddp.train`",
+}
+
+
+def command(program: str, model: str, run_dir: Path, data_dir: Path, options: argparse.Namespace) -> list[str]:
+    """The command line of one run of ``program`` with ``model``, writing its timer into ``run_dir``."""
+    steps, nproc = str(options.steps), options.nproc
+    if program == "raw":
+        reference = str(REPO / "benchmarks" / "reference_ddp.py")
+        return [*torchrun(nproc), reference, "--data-dir", str(data_dir), "--model", model, "--gather",
+                "--limit-train-batches", steps, "--out", str(run_dir / "loop-timer-rank0.json")]  # fmt: skip
+    if program == "lightning":
+        return [*torchrun(nproc), "-m", "benchmarks.plain_lightning", "--data-dir", str(data_dir), "--model", model,
+                "--steps", steps, "--out-dir", str(run_dir)]  # fmt: skip
+    return [sys.executable, "-m", "mnist_ddp.train", *TEMPLATE_MODEL[model], f"trainer.devices={nproc}",
+            f"data.global_batch_size={GLOBAL_BATCH}", "trainer.max_epochs=1", f"trainer.limit_train_batches={steps}",
+            f"data.data_dir={data_dir}", f"hydra.run.dir={run_dir}",
+            "+callbacks.loop_timer._target_=benchmarks.probe.LoopTimer",
+            f"+callbacks.loop_timer.dirpath={run_dir}"]  # fmt: skip
+
+
+def ms_per_step(program: str, model: str, run_dir: Path, data_dir: Path, options: argparse.Namespace) -> float:
+    """Runs one program to its end; returns rank 0's training-loop time over its steps (ms).
+
+    Raises:
+        RuntimeError: if the program exits non-zero, or ran another number of steps than ``--steps``.
+    """
+    run_dir.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command(program, model, run_dir, data_dir, options), cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{program} ({model}) exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
+    timer = json.loads((run_dir / "loop-timer-rank0.json").read_text())
+    # The reference counts the samples of every process, LoopTimer those of its own rank.
+    per_step = GLOBAL_BATCH if program == "raw" else GLOBAL_BATCH // options.nproc
+    if timer["train_samples"] != options.steps * per_step:
+        raise RuntimeError(f"{program} ({model}) ran {timer['train_samples'] / per_step:g} steps, not {options.steps}")
+    return 1000 * timer["train_loop_s"] / options.steps
+
+
+def table(runs: dict[str, dict[str, list[float]]]) -> str:
+    """Markdown: per model, each program's median ms per step and the ratios to the floor and to
+    plain Lightning, and whether the template meets its target."""
+    lines = [
+        f"| model | {LABELS['raw']} (ms) | {LABELS['lightning']} (ms) | vs raw | {LABELS['template']} (ms) | vs raw "
+        f"| vs plain Lightning (target <= {TARGET_VS_LIGHTNING:.2f}x) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for model, by_program in runs.items():
+        raw, lightning, template = (statistics.median(by_program[p]) for p in ("raw", "lightning", "template"))
+        verdict = "met" if template <= TARGET_VS_LIGHTNING * lightning else "**missed**"
+        lines.append(
+            f"| {model} | {raw:.2f} | {lightning:.2f} | {lightning / raw:.2f}x | {template:.2f} "
+            f"| {template / raw:.2f}x | {template / lightning:.2f}x ({verdict}) |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=REPO / "data", help="folder with MNIST/raw/ (default: data)")
+    parser.add_argument("--models", nargs="+", choices=list(TEMPLATE_MODEL), default=list(TEMPLATE_MODEL))
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per program and model (default 3)")
+    parser.add_argument("--nproc", type=int, default=2, help="DDP processes per program (default 2)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "per_step.md")
+    parser.add_argument(
+        "--page", type=Path, default=None, help="also put the table into this page, between its markers"
+    )
+    parser.add_argument("--work-dir", type=Path, default=None, help="run directories (default: a temporary one)")
+    args = parser.parse_args(argv)
+    data_dir = args.data_dir.resolve()
+    ensure_mnist_files(data_dir)
+
+    programs = list(LABELS)
+    runs = {model: {program: [] for program in programs} for model in args.models}
+    with tempfile.TemporaryDirectory(prefix="mnist-ddp-per-step-") as tmp:
+        work = args.work_dir or Path(tmp)
+        for repeat in range(args.repeats):
+            for model in args.models:
+                for program in programs[repeat % 3 :] + programs[: repeat % 3]:  # interleaved, rotated
+                    ms = ms_per_step(program, model, work / f"{model}-{program}-{repeat}", data_dir, args)
+                    runs[model][program].append(ms)
+                    print(f"{model} {program} run {repeat}: {ms:.2f} ms/step", flush=True)
+
+    kind = f"GPU processes ({torch.cuda.get_device_name()}, NCCL)" if torch.cuda.is_available() else "gloo processes"
+    invocation = "python -m benchmarks.per_step " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = (
+        f"Measured {date.today()} on {len(os.sched_getaffinity(0))} CPU cores, torch {torch.__version__}, "
+        f"{args.nproc} {kind}, real MNIST, global batch {GLOBAL_BATCH}, {args.steps} optimizer steps per run, with "
+        f"`{invocation.strip()}`. Milliseconds per optimizer step on rank 0, the median of {args.repeats} runs per "
+        f"program (interleaved):\n\n{table(runs)}\n"
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    args.out.with_suffix(".json").write_text(json.dumps(runs, indent=2) + "\n")
+    if args.page:
+        update_page(args.page, text, PER_STEP_START, PER_STEP_END)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
