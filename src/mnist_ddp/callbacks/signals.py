@@ -62,6 +62,10 @@ def _register_stack_dump() -> None:
             faulthandler.register(signum, _stacks_file, all_threads=True, chain=True)
 
 
+def _no_broadcast() -> None:
+    """Stands in for Lightning's per-step SIGTERM-flag broadcast (see :meth:`StopOnSignal.on_train_start`)."""
+
+
 class StopOnSignal(L.Callback):
     """SIGINT and SIGTERM both stop the run the way Lightning stops it on Ctrl-C.
 
@@ -108,6 +112,17 @@ class StopOnSignal(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.install()
+        # Before every training step Lightning broadcasts global rank 0's "received SIGTERM" flag,
+        # which only its own SIGTERM handler sets. This callback replaces that handler (above), so
+        # the flag is never set, and every process gets the signal itself (from the supervisor,
+        # torchrun or SLURM): the broadcast carries nothing, and costs a tenth of a small model's
+        # training step on gloo (benchmarks/per_step.py). tests/system/test_interrupts.py and
+        # test_chaos.py stop runs by signal without it.
+        epoch_loop = trainer.fit_loop.epoch_loop
+        if hasattr(epoch_loop, "_broadcast_sigterm_tensor"):  # Lightning's private method, 2.x
+            epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+        if getattr(trainer, "received_sigterm", False):  # Lightning's handler got one before install()
+            self.stop(signal.SIGTERM)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.install()
