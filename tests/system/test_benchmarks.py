@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO, cli_env, make_synthetic_mnist
@@ -32,24 +33,35 @@ def number(cell: str) -> float:
     return float(cell.replace(",", "").rstrip("x").strip("*"))
 
 
-def test_harness_runs_reference_and_template_and_reports_their_figures(tmp_path):
-    # 5,000 validation images, as the fast recipe and the reference hold out, plus 640 to train on.
+def run_harness(tmp_path: Path, module: str, markers: tuple[str, str], *args: str) -> tuple[str, Path]:
+    """Run ``python -m <module>`` on synthetic data (the 5,000 validation images the fast recipe and
+    the reference hold out, plus 640 to train on) with ``args``, into a page with ``markers``.
+
+    Returns:
+        The results it wrote, checked to be printed too and to stand between the page's markers
+        with the page's own text kept; and the folder of its runs.
+    """
     data = make_synthetic_mnist(tmp_path / "data", n_train=5640, n_test=200)
+    start, end = markers
     page = tmp_path / "performance.md"
-    page.write_text(f"# Title\n\n{RESULTS_START}\nold results\n{RESULTS_END}\n\nMore text.\n")
+    page.write_text(f"# Title\n\n{start}\nold results\n{end}\n\nMore text.\n")
     out, work = tmp_path / "results.md", tmp_path / "runs"
-    command = [
-        sys.executable, "-m", "benchmarks.run", "--data-dir", str(data), "--seeds", "7",
-        "--programs", "reference", "template", "--limit-train-batches", str(STEPS), "--pipeline-samples", "640",
-        "--out", str(out), "--page", str(page), "--work-dir", str(work),
-    ]  # fmt: skip
+    command = [sys.executable, "-m", module, "--data-dir", str(data), *args, "--out", str(out), "--page", str(page),
+               "--work-dir", str(work)]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     results = out.read_text()
     assert results in done.stdout, "the table is printed too"
-
     # The page (docs/performance.md for make benchmark) keeps its text and gets the results between the markers.
-    assert page.read_text() == f"# Title\n\n{RESULTS_START}\n{results}\n{RESULTS_END}\n\nMore text.\n"
+    assert page.read_text() == f"# Title\n\n{start}\n{results}\n{end}\n\nMore text.\n"
+    return results, work
+
+
+def test_harness_runs_reference_and_template_and_reports_their_figures(tmp_path):
+    results, work = run_harness(
+        tmp_path, "benchmarks.run", (RESULTS_START, RESULTS_END), "--seeds", "7", "--programs", "reference",
+        "template", "--limit-train-batches", str(STEPS), "--pipeline-samples", "640",
+    )  # fmt: skip
 
     # Both programs trained the same number of samples, timed the same way (LoopTimer / the reference).
     reference = json.loads((work / "reference-seed7" / "loop-timer-rank0.json").read_text())
@@ -83,18 +95,10 @@ def test_harness_runs_reference_and_template_and_reports_their_figures(tmp_path)
 
 
 def test_per_step_table_holds_each_programs_milliseconds_and_their_ratios(tmp_path):
-    data = make_synthetic_mnist(tmp_path / "data", n_train=5640, n_test=200)
-    page = tmp_path / "performance.md"
-    page.write_text(f"Intro.\n{PER_STEP_START}\nold table\n{PER_STEP_END}\nMore.\n")
-    out, work = tmp_path / "per_step.md", tmp_path / "runs"
-    command = [
-        sys.executable, "-m", "benchmarks.per_step", "--data-dir", str(data), "--models", "tiny", "--steps", str(STEPS),
-        "--repeats", "1", "--out", str(out), "--page", str(page), "--work-dir", str(work),
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    text = out.read_text()
-    assert page.read_text() == f"Intro.\n{PER_STEP_START}\n{text}\n{PER_STEP_END}\nMore.\n"
+    text, work = run_harness(
+        tmp_path, "benchmarks.per_step", (PER_STEP_START, PER_STEP_END), "--models", "tiny", "--steps", str(STEPS),
+        "--repeats", "1",
+    )  # fmt: skip
     # Each program's timer saw exactly STEPS optimizer steps (the harness refuses any other count),
     # and the table holds their times over those steps, with the ratios of those figures.
     timers = {
