@@ -21,9 +21,10 @@ from conftest import REPO, cli_env, make_synthetic_mnist
 
 # Joined here, not written out: the rename refuses a name that is already a word of the code.
 NEW_DIST, NEW_PACKAGE = "-".join(("acme", "vision")), "_".join(("acme", "vision"))
-#: The renamed project's quick subset: its configs compose, every _target_ builds, its defaults
-#: agree (a real training run of the renamed project is the console-script test below).
-QUICK_TESTS = "tests/unit/test_config.py tests/unit/test_defaults.py"
+#: The renamed project's quick subset: its configs compose under the renamed schema, and every
+#: class named by a _target_ imports from the renamed package with the configs' defaults (a real
+#: training run of the renamed project, through its command-line check, is the console-script test below).
+QUICK_TESTS = "tests/unit/test_defaults.py"
 
 
 def git(*args: str, cwd: Path) -> str:
