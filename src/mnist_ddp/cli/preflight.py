@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -40,6 +39,7 @@ from mnist_ddp.distributed.layout import (
     per_device_batch_size,
     processes_per_node,
     resolve_devices,
+    uses_cuda,
 )
 from mnist_ddp.errors import ConfigValueError, UsageError
 
@@ -60,12 +60,12 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
         output_dir = _output_dir(job)
         cfg = job.cfg
         model = check_job(cfg, training=config_name != "eval")
-        if config_name == "eval" and cfg.ckpt_path == "last":  # "last" resumes a training run in place
-            raise ConfigValueError(
-                "ckpt_path=last: evaluation needs a checkpoint file, such as "
-                "ckpt_path=logs/runs/<run>/checkpoints/last.ckpt (or the best epoch_<N>.ckpt beside it)."
-            )
         if config_name == "eval":  # the model and the data set of the checkpoint's run
+            if cfg.ckpt_path == "last":  # "last" resumes a training run in place
+                raise ConfigValueError(
+                    "ckpt_path=last: evaluation needs a checkpoint file, such as "
+                    "ckpt_path=logs/runs/<run>/checkpoints/last.ckpt (or the best epoch_<N>.ckpt beside it)."
+                )
             run = saved_run_config(Path(cfg.ckpt_path))
             data_set_of_run(cfg.data, run, Path(cfg.ckpt_path), job.overrides)
             model = instantiate(run.model) if run is not None else model
@@ -199,7 +199,7 @@ def check_job(cfg: DictConfig, training: bool = True) -> L.LightningModule:
     if training:
         check_schedule(cfg.trainer, built["model"], cfg.model.optimizer)
     accelerator, _ = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
-    cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    cuda = uses_cuda(accelerator)
     if cfg.trainer.num_nodes < 1:
         raise ConfigValueError(f"trainer.num_nodes={cfg.trainer.num_nodes} must be at least 1.")
     if cfg.trainer.num_nodes > 1 and not launched_externally():

@@ -26,8 +26,10 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_convert
 
 from mnist_ddp.data.idx import (
+    LABELS_KIND,
     MNIST_FILES,
     NUM_CLASSES,
+    check_idx_file,
     check_idx_split,
     ensure_idx_files,
     find_idx_file,
@@ -206,14 +208,17 @@ class MNISTDataModule(L.LightningDataModule):
                     setattr(self, name, GatherDataset(*(t.to(device) for t in split.tensors)))
 
     def check_val_size(self) -> None:
-        """Refuse a validation split that leaves no training image, reading only the training
-        labels: the training command calls it once before any process starts (``setup`` checks it
-        again in every process; evaluation has no validation split).
+        """Refuse a validation split that leaves no training image, with the count in the training
+        labels file's header (checked against its size): the training command calls it once before
+        any process starts, after :meth:`prepare_data` checked the files (``setup`` checks it again
+        in every process; evaluation has no validation split).
 
         Raises:
             ConfigValueError: naming ``data.val_size`` and the training split's size.
+            DataNotAvailableError, DataFormatError: see :func:`~mnist_ddp.data.idx.check_idx_file`.
         """
-        self._check_val_size(len(check_idx_split(*self._split_files("train"), len(self.class_names))))
+        (train_count,) = check_idx_file(self._split_files("train")[1], 1, LABELS_KIND)
+        self._check_val_size(train_count)
 
     def _check_val_size(self, train_count: int) -> None:
         if not 0 < self.hparams.val_size < train_count:

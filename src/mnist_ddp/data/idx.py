@@ -172,9 +172,14 @@ def ensure_mnist_files(data_dir: Path) -> Path:
 IMAGES_KIND, LABELS_KIND = "uint8 images (N, 28, 28)", "uint8 labels (N,)"
 
 
-def check_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> Tensor:
+def check_idx_split(
+    images_file: Path, labels_file: Path, num_classes: int, images_shape: tuple[int, ...] | None = None
+) -> Tensor:
     """Check one split's two IDX files without holding the images in memory: their headers and
     sizes, the image size, the sample counts, and the labels (small: one byte per sample).
+
+    ``images_shape``: the images' shape when they have been read already (their header and size
+    checked: :func:`read_idx_file`), so that the images file is not read again.
 
     Returns:
         The labels, ``(N,)`` int64 in ``0..num_classes - 1``.
@@ -186,7 +191,7 @@ def check_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> T
             truncated or corrupt gzip file (see :func:`check_idx_file`), the images are not 28x28,
             the two files hold different numbers of samples, or a label is outside the classes.
     """
-    count, *size = check_idx_file(images_file, 3, IMAGES_KIND)
+    count, *size = images_shape or check_idx_file(images_file, 3, IMAGES_KIND)
     if tuple(size) != IMAGE_SIZE:
         raise DataFormatError(
             f"{images_file} holds {size[0]}x{size[1]} images; this template's networks take {IMAGE_SIZE[0]}x"
@@ -204,14 +209,14 @@ def check_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> T
 
 
 def read_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> tuple[Tensor, Tensor]:
-    """Read one split's images and labels from their IDX files (uncompressed or gzipped), after
-    :func:`check_idx_split` (whose errors it raises).
+    """Read one split's images and labels from their IDX files (uncompressed or gzipped), with the
+    checks of :func:`check_idx_split` (whose errors it raises).
 
     Returns:
         images ``(N, 28, 28)`` uint8 and labels ``(N,)`` int64 in ``0..num_classes - 1``.
     """
-    labels = check_idx_split(images_file, labels_file, num_classes)
-    return read_idx_file(images_file, 3, IMAGES_KIND), labels
+    images = read_idx_file(images_file, 3, IMAGES_KIND)  # read once, a gzipped file decompressed once
+    return images, check_idx_split(images_file, labels_file, num_classes, tuple(images.shape))
 
 
 #: The first two bytes of every gzip file (RFC 1952).

@@ -45,6 +45,11 @@ def resolve_devices(accelerator: str, devices: Any) -> tuple[str, Any]:
     return accelerator, devices
 
 
+def uses_cuda(accelerator: str) -> bool:
+    """Whether ``trainer.accelerator`` (after :func:`resolve_devices`) runs on CUDA devices."""
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
 def processes_per_node(accelerator: str, devices: Any) -> int:
     """The worker processes one node runs for ``trainer.accelerator`` / ``trainer.devices`` as
     configured (after :func:`resolve_devices`), counted by Lightning's own accelerators
@@ -59,7 +64,7 @@ def processes_per_node(accelerator: str, devices: Any) -> int:
     """
     accelerator, devices = resolve_devices(accelerator, devices)
     devices = OmegaConf.to_container(devices) if OmegaConf.is_list(devices) else devices
-    if not (accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())):
+    if not uses_cuda(accelerator):
         try:
             return CPUAccelerator.parse_devices(devices)
         except TypeError:
