@@ -8,13 +8,16 @@
 # cores), which writes benchmarks/results.md, benchmarks/per_step.md and the results sections of
 # docs/performance.md:
 #   make benchmark BENCH_ARGS="--data-dir /path/to/data"   (flags both harnesses take: --data-dir, --nproc)
+# On a machine with NVIDIA GPUs, what CPUs cannot run (under 8 minutes; benchmarks/gpu_check.py), with
+# the results in benchmarks/gpu_check.md and .json:
+#   make gpu-check GPU_CHECK_ARGS="--data-dir /path/to/data"
 
 PYTHON ?= python3.11
 VENV := .venv
 # Marker file: the venv is rebuilt when pyproject.toml changes.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: train test test-fast benchmark rename clean
+.PHONY: train test test-fast benchmark gpu-check rename clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +36,9 @@ test-fast: $(INSTALLED)
 benchmark: $(INSTALLED)
 	$(VENV)/bin/python -m benchmarks.run --page docs/performance.md $(BENCH_ARGS)
 	$(VENV)/bin/python -m benchmarks.per_step --page docs/performance.md $(BENCH_ARGS)
+
+gpu-check: $(INSTALLED)
+	$(VENV)/bin/python -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
 
 # Make the template your project: `make rename NAME=fashion-ddp` renames the distribution,
 # the package (src/fashion_ddp), its imports, console scripts and Hydra targets (tools/rename.py).

@@ -4,7 +4,8 @@
 
 Three programs train the same model on real MNIST with the same gather loader (a batch is one
 index gather from tensors in memory), global batch 64, AdamW under a one-cycle schedule,
-``--nproc`` processes (gloo on CPU, NCCL on GPUs), for ``--steps`` optimizer steps:
+``--nproc`` processes (gloo on CPU, NCCL on GPUs: each program takes the GPUs when CUDA is
+there; ``--gpu`` insists on them, one process per GPU), for ``--steps`` optimizer steps:
 
 1. ``raw``: ``benchmarks/reference_ddp.py --gather``, torchrun + DistributedDataParallel by hand:
    the floor;
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.run import REPO, torchrun, update_page
+from benchmarks.run import REPO, harness_env, torchrun, update_page
 from mnist_ddp.data.idx import ensure_mnist_files
 
 PER_STEP_START, PER_STEP_END = "<!-- per-step results: start -->", "<!-- per-step results: end -->"
@@ -43,6 +44,10 @@ GLOBAL_BATCH = 64
 TARGET_VS_LIGHTNING = 1.05
 #: The template's overrides for each model, as a user would give them.
 TEMPLATE_MODEL = {"tiny": ["model=mlp", "model.net.hidden=[]", "model.net.dropout=0"], "cnn": ["experiment=fast"]}
+#: ``--gpu``: the template's device and backend named, not left to ``auto``, so that a run that does
+#: not get the GPUs fails instead of timing CPUs. The reference and plain Lightning take the GPUs
+#: whenever CUDA is there, over NCCL (their own choice, as a hand-written program's).
+TEMPLATE_GPU = ["trainer.accelerator=gpu", "strategy.process_group_backend=nccl"]
 LABELS = {
     "raw": "raw floor: torchrun + DDP by hand",
     "lightning": 'plain Lightning: `Trainer(strategy="ddp")`',
@@ -60,7 +65,8 @@ def command(program: str, model: str, run_dir: Path, data_dir: Path, options: ar
     if program == "lightning":
         return [*torchrun(nproc), "-m", "benchmarks.plain_lightning", "--data-dir", str(data_dir), "--model", model,
                 "--steps", steps, "--out-dir", str(run_dir)]  # fmt: skip
-    return [sys.executable, "-m", "mnist_ddp.train", *TEMPLATE_MODEL[model], f"trainer.devices={nproc}",
+    return [sys.executable, "-m", "mnist_ddp.train", *TEMPLATE_MODEL[model], *(TEMPLATE_GPU if options.gpu else []),
+            f"trainer.devices={nproc}",
             f"data.global_batch_size={GLOBAL_BATCH}", "trainer.max_epochs=1", f"trainer.limit_train_batches={steps}",
             f"data.data_dir={data_dir}", f"hydra.run.dir={run_dir}",
             "+callbacks.loop_timer._target_=benchmarks.probe.LoopTimer",
@@ -74,8 +80,7 @@ def ms_per_step(program: str, model: str, run_dir: Path, data_dir: Path, options
         RuntimeError: if the program exits non-zero, or ran another number of steps than ``--steps``.
     """
     run_dir.mkdir(parents=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(command(program, model, run_dir, data_dir, options), cwd=REPO, env=env,
+    done = subprocess.run(command(program, model, run_dir, data_dir, options), cwd=REPO, env=harness_env(),
                           capture_output=True, text=True, timeout=1800)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"{program} ({model}) exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
@@ -112,12 +117,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per program and model (default 3)")
     parser.add_argument("--nproc", type=int, default=2, help="DDP processes per program (default 2)")
+    parser.add_argument("--gpu", action="store_true", help="on CUDA GPUs over NCCL, one process per GPU")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "per_step.md")
     parser.add_argument(
         "--page", type=Path, default=None, help="also put the table into this page, between its markers"
     )
     parser.add_argument("--work-dir", type=Path, default=None, help="run directories (default: a temporary one)")
     args = parser.parse_args(argv)
+    if args.gpu and args.nproc > torch.cuda.device_count():
+        parser.error(f"--gpu --nproc {args.nproc}: this machine has {torch.cuda.device_count()} CUDA GPUs")
     data_dir = args.data_dir.resolve()
     ensure_mnist_files(data_dir)
 

@@ -1,8 +1,10 @@
-"""A Lightning callback that times the template's training loop the way the reference times its own.
+"""Lightning callbacks the benchmarks add to the template's runs: :class:`LoopTimer` times the
+training loop the way the reference times its own; :class:`BatchNormStats` records every rank's
+BatchNorm statistics for the SyncBatchNorm check of ``benchmarks/gpu_check.py``.
 
-The harness adds it to a training run from the command line, through the template's own
+The harness adds them to a training run from the command line, through the template's own
 callbacks group (``+callbacks.loop_timer._target_=benchmarks.probe.LoopTimer``); nothing in
-``src/`` knows about it.
+``src/`` knows about them.
 """
 
 import json
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from torch.nn.modules.batchnorm import _BatchNorm
 
 
 class LoopTimer(L.Callback):
@@ -54,3 +57,40 @@ class LoopTimer(L.Callback):
             "torch_threads": torch.get_num_threads(),
         }
         (self.dirpath / f"loop-timer-rank{trainer.global_rank}.json").write_text(json.dumps(figures, indent=2))
+
+
+class BatchNormStats(L.Callback):
+    """Writes ``<dirpath>/bn-stats-rank<r>.json`` on every rank when fit ends: for each BatchNorm
+    layer (by module name), its class (``SyncBatchNorm`` once Lightning converted it, with
+    ``trainer.sync_batchnorm=true``) and its ``running_mean`` and ``running_var`` as they were right
+    after the last training step.
+
+    Why then: with ``strategy.broadcast_buffers=true`` (the default) DDP copies rank 0's buffers to
+    every rank before each training forward pass, so they agree whatever the layers; the last step's
+    own update is what tells SyncBatchNorm (the statistics of the global batch, the same on every
+    rank) from BatchNorm (each rank's own micro-batch). Validation and test run in eval mode and
+    leave them unchanged.
+
+    Args:
+        dirpath: folder for the JSON files (created if missing).
+    """
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = Path(dirpath)
+        self.layers: dict[str, dict] = {}
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        # Copies on the device; a few hundred floats per step, for the short runs of the check.
+        self.layers = {
+            name: {"class": type(module).__name__, "running_mean": module.running_mean.detach().clone(),
+                   "running_var": module.running_var.detach().clone()}
+            for name, module in pl_module.named_modules() if isinstance(module, _BatchNorm)
+        }  # fmt: skip
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.dirpath.mkdir(parents=True, exist_ok=True)
+        layers = {
+            name: {key: value if isinstance(value, str) else value.float().tolist() for key, value in stats.items()}
+            for name, stats in self.layers.items()
+        }
+        (self.dirpath / f"bn-stats-rank{trainer.global_rank}.json").write_text(json.dumps(layers, indent=1))

@@ -35,7 +35,6 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.pipeline import measure_input_pipelines
 from mnist_ddp.data.idx import ensure_mnist_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,8 +56,10 @@ def reference_command(run_dir: Path, data_dir: Path, seed: int, options: argpars
 
 
 def template_args(run_dir: Path, data_dir: Path, seed: int, options: argparse.Namespace) -> list[str]:
-    """The fast recipe's command-line overrides, plus the LoopTimer probe (benchmarks/probe.py)."""
-    args = [f"experiment={'fast_gpu' if options.gpu else 'fast'}", f"trainer.devices={options.nproc}"]
+    """The fast recipe's command-line overrides, plus the LoopTimer probe (benchmarks/probe.py).
+    With ``options.gpu``: ``experiment=fast_gpu`` with the NCCL preset, as the README runs on GPUs."""
+    recipe = ["experiment=fast_gpu", "strategy=ddp_nccl"] if options.gpu else ["experiment=fast"]
+    args = [*recipe, f"trainer.devices={options.nproc}"]
     args += [f"seed={seed}", f"data.data_dir={data_dir}", f"hydra.run.dir={run_dir}"]
     args += ["+callbacks.loop_timer._target_=benchmarks.probe.LoopTimer", f"+callbacks.loop_timer.dirpath={run_dir}"]
     limit = options.limit_train_batches
@@ -77,20 +78,37 @@ LABELS = {
 }
 
 
+def harness_env() -> dict[str, str]:
+    """This process's environment with the repository on PYTHONPATH: the programs load
+    ``benchmarks`` modules (the LoopTimer probe, plain Lightning) from any working directory."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
 def run_once(program: str, run_dir: Path, data_dir: Path, seed: int, options: argparse.Namespace) -> dict:
-    """Runs one program to its end and returns its figures (seconds, samples/s, MiB, accuracy).
+    """Runs one program to its end and returns its figures (:func:`read_figures`).
 
     Raises:
         RuntimeError: if the program exits non-zero (its output's tail is in the message).
     """
     run_dir.mkdir(parents=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     start_unix, start = time.time(), time.perf_counter()
-    done = subprocess.run(PROGRAMS[program](run_dir, data_dir, seed, options), cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=1800)  # fmt: skip
+    done = subprocess.run(PROGRAMS[program](run_dir, data_dir, seed, options), cwd=REPO, env=harness_env(),
+                          capture_output=True, text=True, timeout=1800)  # fmt: skip
     e2e = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{program} (seed {seed}) exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
+    return read_figures(program, run_dir, start_unix, e2e)
+
+
+def read_figures(program: str, run_dir: Path, start_unix: float, e2e_s: float) -> dict:
+    """The figures of a finished run of ``program`` (a key of :data:`PROGRAMS`) in ``run_dir``, which
+    started at Unix time ``start_unix`` and took ``e2e_s`` seconds: training-loop time (s), training
+    samples/s, test accuracy, command start to first optimizer step (s), end-to-end time (s), peak
+    RSS of the first and last rank (MiB).
+
+    Raises:
+        FileNotFoundError, KeyError, IndexError: when the run left no timer or metrics (it failed).
+    """
     timers = [json.loads(p.read_text()) for p in sorted(run_dir.glob("loop-timer-rank*.json"))]
     rank0 = timers[0]
     if program == "reference":
@@ -103,7 +121,7 @@ def run_once(program: str, run_dir: Path, data_dir: Path, seed: int, options: ar
         "samples_per_s": samples / rank0["train_loop_s"],
         "test_acc": test_acc,
         "first_step_s": rank0["first_step_unix"] - start_unix,
-        "e2e_s": e2e,
+        "e2e_s": e2e_s,
         "rss_rank0_mib": rss[0],
         "rss_rank1_mib": rss[-1],
     }
@@ -231,8 +249,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit-train-batches", type=int, default=None, help="shorter epochs (smoke test)")
     parser.add_argument("--nproc", type=int, default=2, help="DDP processes per program (default 2)")
     parser.add_argument(
-        "--gpu", action="store_true", help="GPUs over NCCL: experiment=fast_gpu, the reference in bf16, compiled"
-    )
+        "--gpu", action="store_true",
+        help="GPUs over NCCL: experiment=fast_gpu strategy=ddp_nccl, the reference in bf16, compiled",
+    )  # fmt: skip
     parser.add_argument("--pipeline-samples", type=int, default=None, help="samples per input pipeline pass")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results.md")
     parser.add_argument(
@@ -244,6 +263,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--programs must include reference: every ratio is to it")
     data_dir = args.data_dir.resolve()
     ensure_mnist_files(data_dir)  # downloads MNIST on first use, as training would
+
+    # Imported here, not at the top: it imports Lightning, which the helpers that per_step and
+    # gpu_check import from this module do not need (gpu_check refuses a machine without CUDA at once).
+    from benchmarks.pipeline import measure_input_pipelines
 
     print("Input pipeline ...", flush=True)
     pipeline = measure_input_pipelines(data_dir, samples=args.pipeline_samples)

@@ -178,6 +178,7 @@ def test_two_runs_started_at_once_use_different_rendezvous_ports(synthetic_data_
     assert ports[0] != ports[1]
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: SyncBatchNorm and NCCL run only there")
 def test_sync_batchnorm_and_nccl_on_a_gpu(synthetic_data_dir, tmp_path):
     result = run_cli(
