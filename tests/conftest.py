@@ -82,11 +82,13 @@ def synthetic_data(synthetic_data_dir) -> list[str]:
 
 @pytest.fixture(scope="session")
 def synthetic_run(synthetic_data_dir, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """One finished 2-epoch run with 2 gloo processes on the synthetic data: (log_dir, result)."""
+    """One finished 2-epoch run with 2 gloo processes on the synthetic data, logged to TensorBoard,
+    CSV and W&B (offline): (log_dir, result)."""
     log_dir = tmp_path_factory.mktemp("logs")
     result = run_cli(
         f"data.data_dir={synthetic_data_dir}", "data.val_size=200", "data.global_batch_size=64",
-        "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=2", log_dir=log_dir,
+        "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=2", "logger=[tensorboard,csv,wandb]",
+        log_dir=log_dir,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return log_dir, result

@@ -4,8 +4,10 @@ sweeps, presets, eval, resume, refused command lines, and an Optuna search."""
 import csv
 import json
 import re
+from pathlib import Path
 
 from conftest import only, ranks_in_log, read_scalars, run_cli
+from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
@@ -30,10 +32,12 @@ def test_a_sweep_runs_each_job_once_with_its_own_ddp_processes_and_directory(syn
         *QUICK,
         "data.global_batch_size=32,64",
         "debug=profiler",
+        "logger=[tensorboard,mlflow]",
         log_dir=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["multiruns"], "no stray run directories"
+    # Beside the sweep, the MLflow store all runs under logs/ share.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlartifacts", "mlflow.db", "mlflow.db.lock", "multiruns"]
     sweep = only(tmp_path / "multiruns")
     assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "multirun.yaml", "summary.csv"]
     assert result.stdout.count("Launching 2 jobs locally") == 1, "the sweep must not be started again"
@@ -76,6 +80,28 @@ def test_a_sweep_runs_each_job_once_with_its_own_ddp_processes_and_directory(syn
     }
     assert sorted(sessions) == ["0/tensorboard", "1/tensorboard"]
     assert [sessions[f"{job}/tensorboard"]["global_batch_size"].number_value for job in "01"] == [32, 64]
+    # The job's overrides, the swept one among them, are marked as the columns TensorBoard shows first.
+    (experiment,) = {tags["_hparams_/experiment"] for tags in runs.PluginRunToTagToContent("hparams").values()}
+    first = [info.name for info in HParamsPluginData.FromString(experiment).experiment.hparam_infos if info.differs]
+    assert set(first) == {"data.data_dir", "data.val_size", "data.global_batch_size", "debug", "logger",
+                          "paths.log_dir", "trainer.accelerator", "trainer.devices", "trainer.max_epochs"}  # fmt: skip
+
+    # MLflow: one run per job in the store under logs/, read back with MLflow's own client.
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    mlflow_runs = client.search_runs(
+        [client.get_experiment_by_name("mnist-ddp").experiment_id], order_by=["start_time"]
+    )
+    assert [run.info.run_name for run in mlflow_runs] == [f"multiruns/{sweep.name}/{job}" for job in "01"]
+    for run, job, batch in zip(mlflow_runs, "01", (32, 64)):
+        metrics = json.loads((sweep / job / "metrics.json").read_text())
+        assert run.info.status == "FINISHED" and run.data.metrics["test/acc"] == metrics["test/acc"]
+        assert run.data.params["data.global_batch_size"] == str(batch) and run.data.tags["run_dir"] == str(sweep / job)
+        assert json.loads((sweep / job / "trackers.json").read_text())["mlflow"]["run_id"] == run.info.run_id
+        artifacts = {artifact.path for artifact in client.list_artifacts(run.info.run_id, "test")}
+        assert artifacts == {"test/confusion_matrix", "test/misclassified"}
+        (download := tmp_path / "downloads" / job).mkdir(parents=True)
+        config = Path(client.download_artifacts(run.info.run_id, "config.yaml", str(download))).read_text()
+        assert f"global_batch_size: {batch}\n" in config
 
 
 # --- outputs of one job ----------------------------------------------------------------------

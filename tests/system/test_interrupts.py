@@ -7,6 +7,7 @@ signal the process they started (the parent), SLURM's scancel every task. The si
 sent by this test to the real processes.
 """
 
+import csv
 import json
 import os
 import re
@@ -17,12 +18,15 @@ import time
 import pytest
 import torch
 from conftest import REPO, cli_command, cli_env, read_scalars, run_cli
+from mlflow.tracking import MlflowClient
 from test_ddp_failures import processes_mentioning
 
 # 1,000 training images over 2 processes in micro-batches of 32: 16 optimizer steps per epoch.
 RUN = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=4", "data.val_size=200",
        "data.global_batch_size=64")  # fmt: skip
 STEPS_PER_EPOCH, SIGNAL_STEP = 16, 20  # the signal comes in epoch 1; last.ckpt then holds epoch 0
+# The run that is resumed also logs to CSV and MLflow, which the resume must continue.
+TRACKERS = "logger=[tensorboard,csv,mlflow]"
 
 
 @pytest.mark.parametrize(
@@ -34,8 +38,10 @@ def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
     synthetic_data_dir, tmp_path, signum, target
 ):
     marker, log_dir = tmp_path / "ready", tmp_path / "logs"
+    resumed_here = signum == signal.SIGTERM and target == "parent"  # resumed once: the path is the same for each
     command = cli_command(
-        f"data.data_dir={synthetic_data_dir}", *RUN, "+callbacks.pause._target_=probes.PauseAfterStep",
+        f"data.data_dir={synthetic_data_dir}", *RUN, *([TRACKERS] if resumed_here else []),
+        "+callbacks.pause._target_=probes.PauseAfterStep",
         f"+callbacks.pause.step={SIGNAL_STEP}", f"+callbacks.pause.marker={marker}", log_dir=log_dir,
     )  # fmt: skip
     run = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -70,7 +76,7 @@ def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
     state = torch.load(checkpoint, weights_only=True)  # whole: it loads
     assert (state["epoch"], state["global_step"]) == (0, STEPS_PER_EPOCH)
 
-    if signum == signal.SIGTERM and target == "parent":  # resumed once: the path is the same for each signal
+    if resumed_here:
         # The command the message printed, in place: the run's own overrides are read from its directory.
         record = tmp_path / "resumed.jsonl"
         resumed = run_cli(
@@ -93,5 +99,21 @@ def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
             steps = [step for step, _ in points]
             assert steps == sorted(steps if tag == "epoch" else set(steps)), f"{tag}: {steps}"
         assert len(scalars["val/acc"]) == 4 + 1, "4 epochs and the best checkpoint's"
+        # CSV likewise: the rows before the checkpoint kept, those after it logged once, by the resume.
+        with (run_dir / "csv" / "metrics.csv").open(newline="") as file:
+            rows = list(csv.DictReader(file))
+        for tag in scalars:
+            steps = [int(row["step"]) for row in rows if row.get(tag)]
+            assert steps == sorted(steps if tag == "epoch" else set(steps)), f"csv {tag}: {steps}"
+            assert len(steps) == len(scalars[tag]), f"csv {tag}: {steps}, TensorBoard: {scalars[tag]}"
+        # MLflow: the same run, continued to the end (its id kept in the run directory).
+        client = MlflowClient(f"sqlite:///{log_dir}/mlflow.db")
+        (mlflow_run,) = client.search_runs([client.get_experiment_by_name("mnist-ddp").experiment_id])
+        assert json.loads((run_dir / "trackers.json").read_text())["mlflow"]["run_id"] == mlflow_run.info.run_id
+        assert mlflow_run.info.status == "FINISHED"
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        assert mlflow_run.data.metrics["test/acc"] == metrics["test/acc"]
+        val_steps = [point.step for point in client.get_metric_history(mlflow_run.info.run_id, "val/acc")]
+        assert val_steps == [step for step, _ in scalars["val/acc"]], "epoch 0 before the signal, the rest after"
         log_text = (run_dir / "train.log").read_text()
         assert "Stopped by SIGTERM" in log_text and "Test accuracy" in log_text, "both runs in the run's train.log"

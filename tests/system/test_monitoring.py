@@ -1,10 +1,16 @@
-"""TensorBoard as a user sees it: a real ``tensorboard`` server on a finished two-process run,
-asked through its HTTP API (the one its web pages use) for scalars, hparams, images and text."""
+"""The trackers as a user sees them. TensorBoard: a real ``tensorboard`` server on a finished
+two-process run, asked through its HTTP API (the one its web pages use) for scalars, hparams,
+images and text. CSV: the files read back. W&B: the offline run's records, read from its
+``.wandb`` file with W&B's own protobuf classes. MLflow: system/test_hydra.py (a sweep) and
+system/test_interrupts.py (a resume).
+"""
 
+import csv
 import io
 import json
 import math
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -15,6 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import only, run_cli
 from PIL import Image
+from wandb.proto import wandb_internal_pb2
 
 # The synthetic run (conftest.synthetic_run): 1,200 - 200 = 1,000 training images, 500 per rank in
 # micro-batches of 32, so 16 optimizer steps per epoch; 2 epochs; 300 test images; logged every 10 steps.
@@ -128,8 +135,12 @@ def test_hparams_table_shows_the_config_layout_and_final_metrics(board):
     server, run, _, metrics = board
     experiment = server.post_json("data/plugin/hparams/experiment", {"experimentName": ""})
     assert [info["name"]["tag"] for info in experiment["metricInfos"]] == ["val/acc", "test/acc"]
-    names = {info["name"] for info in experiment["hparamInfos"]}
-    assert {"world_size", "backend", "per_device_batch_size", "global_batch_size", "model.optimizer.lr"} <= names
+    names = [info["name"] for info in experiment["hparamInfos"]]
+    assert {"world_size", "backend", "per_device_batch_size", "global_batch_size", "model.optimizer.lr"} <= set(names)
+    # The job's own overrides are the first columns (by name), the 140 others after them.
+    overrides = ["data.data_dir", "data.global_batch_size", "data.val_size", "logger", "paths.log_dir",
+                 "trainer.accelerator", "trainer.devices", "trainer.max_epochs"]  # fmt: skip
+    assert names[: len(overrides)] == overrides and len(names) > 100
 
     (group,) = server.post_json(
         "data/plugin/hparams/session_groups",
@@ -194,3 +205,66 @@ def test_debug_trace_writes_a_trace_per_rank_with_the_allreduce_and_the_optimize
         steps = {name for name in names if name.startswith("ProfilerStep#")}
         assert steps >= {"ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"}, (path, steps)
         assert "gloo:all_reduce" in names and any(name.startswith("Optimizer.step#") for name in names), path
+
+
+# --- CSV and W&B (offline): the same run ---------------------------------------------------------
+
+
+def test_csv_log_holds_the_metrics_and_the_settings(board):
+    _, _, run_dir, metrics = board
+    with (run_dir / "csv" / "metrics.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    test_acc = [float(row["test/acc"]) for row in rows if row["test/acc"]]
+    assert test_acc == [pytest.approx(metrics["test/acc"], abs=1e-7)]
+    assert len([row for row in rows if row["val/acc"]]) == EPOCHS + 1
+    assert SCALARS <= set(rows[0]), SCALARS - set(rows[0])
+    settings = (run_dir / "csv" / "hparams.yaml").read_text()
+    assert "data.global_batch_size: 64\n" in settings and "world_size: 2\n" in settings
+
+
+def wandb_records(path: Path):
+    """The records of a W&B ``.wandb`` file, as ``wandb_internal_pb2.Record``.
+
+    The file is a LevelDB log (the format W&B documents for it): a 7-byte header ``:W&B``, magic
+    0xBEE1, version 0; then 32 KiB blocks of chunks, each a 7-byte header (CRC32, length, type:
+    1 full, 2 first, 3 middle, 4 last) and its bytes. W&B's Python reader was removed when its
+    Go core took over; the records are W&B's own protobuf messages.
+    """
+    data, block, header = path.read_bytes(), 32768, 7
+    assert struct.unpack("<4sHB", data[:header]) == (b":W&B", 0xBEE1, 0)
+    offset, chunks = header, b""
+    while offset + header <= len(data):
+        if block - offset % block < header:  # the rest of a block too short for a header: padding
+            offset += block - offset % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[offset : offset + header])
+        if (kind, length) == (0, 0):
+            break
+        chunks += data[offset + header : offset + header + length]
+        offset += header + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(chunks)
+            yield record
+            chunks = b""
+
+
+def test_wandb_offline_run_holds_the_metrics_the_config_and_the_figures(board):
+    _, _, run_dir, metrics = board
+    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    records = list(wandb_records(path))
+    (run,) = [record.run for record in records if record.WhichOneof("record_type") == "run"]
+    assert run.display_name == f"runs/{run_dir.name}" and run.project == "mnist-ddp"
+    assert json.loads((run_dir / "trackers.json").read_text())["wandb"]["id"] == run.run_id
+    history = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            for item in record.history.item:
+                history.setdefault(item.key or "/".join(item.nested_key), []).append(json.loads(item.value_json))
+    assert history["test/acc"] == [pytest.approx(metrics["test/acc"], abs=1e-7)]
+    assert len(history["val/acc"]) == EPOCHS + 1
+    for tag in ("train/input_batch", "test/confusion_matrix", "test/misclassified"):
+        assert history[f"{tag}/_type"] == ["images/separated"], tag
+    configs = [record.config for record in records if record.WhichOneof("record_type") == "config"]
+    config = {item.key: json.loads(item.value_json) for update in configs for item in update.update}
+    assert config["data.global_batch_size"] == 64 and config["world_size"] == 2

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import EarlyStopping, ProgressBar, Timer
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ProgressBar, Timer
 from omegaconf import open_dict
 from torch.nn import BatchNorm2d
 
@@ -64,18 +64,25 @@ def test_an_unknown_choice_is_refused_with_the_allowed_values(override, allowed)
         composed_jobs("config", [override])
 
 
-def test_enable_progress_bar_false_leaves_the_progress_bar_callback_out(tmp_path):
-    # Lightning refuses a RichProgressBar callback beside enable_progress_bar=False.
+def test_enable_progress_bar_false_and_no_logger_leave_their_callbacks_out(tmp_path):
+    # Lightning refuses a RichProgressBar callback beside enable_progress_bar=False, and a
+    # LearningRateMonitor without a logger.
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["trainer.accelerator=cpu", "trainer.enable_progress_bar=false",
-                                           f"paths.log_dir={tmp_path}"], return_hydra_config=True)  # fmt: skip
+        overrides = [
+            "trainer.accelerator=cpu",
+            "trainer.enable_progress_bar=false",
+            "logger=[]",
+            f"paths.log_dir={tmp_path}",
+        ]
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
     cfg.hydra.runtime.output_dir = str(tmp_path / "run")
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
     trainer, _ = build_trainer(cfg)
     assert trainer.progress_bar_callback is None
-    assert not any(isinstance(callback, ProgressBar) for callback in trainer.callbacks)
+    assert not any(isinstance(callback, ProgressBar | LearningRateMonitor) for callback in trainer.callbacks)
+    assert trainer.loggers == []
 
 
 REFUSED = [

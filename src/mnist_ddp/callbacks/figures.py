@@ -1,4 +1,4 @@
-"""Matplotlib figures of digits and of a confusion matrix, and the TensorBoard writers they go to.
+"""Matplotlib figures of digits and of a confusion matrix (:mod:`mnist_ddp.loggers.media` writes them to the loggers).
 
 The figures are built on ``matplotlib.figure.Figure`` directly, never through pyplot's global
 state, so they need no display and are safe in every DDP process.
@@ -7,10 +7,8 @@ state, so they need no display and are safe in every DDP process.
 import math
 from collections.abc import Sequence
 
-import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.loggers import TensorBoardLogger
 from matplotlib.figure import Figure
 from torch import Tensor
 from torchmetrics.utilities.plot import plot_confusion_matrix
@@ -71,8 +69,3 @@ def confusion_matrix_figure(matrix: Tensor, class_names: Sequence[str]) -> Figur
     figure = Figure(figsize=(7, 6), dpi=80, layout="constrained")
     plot_confusion_matrix(matrix.cpu(), ax=figure.subplots(), add_text=True, labels=list(class_names))
     return figure
-
-
-def tensorboard_writers(trainer: L.Trainer) -> list:
-    """The ``SummaryWriter`` of each TensorBoardLogger of ``trainer`` (figures go to TensorBoard only)."""
-    return [logger.experiment for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]

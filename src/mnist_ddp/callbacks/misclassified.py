@@ -5,8 +5,9 @@ import torch
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from mnist_ddp.callbacks.figures import confusion_matrix_figure, digit_grid, tensorboard_writers
+from mnist_ddp.callbacks.figures import confusion_matrix_figure, digit_grid
 from mnist_ddp.data.idx import NUM_CLASSES
+from mnist_ddp.loggers.media import log_figure, media_loggers
 
 
 class MisclassificationReport(L.Callback):
@@ -53,14 +54,14 @@ class MisclassificationReport(L.Callback):
         # Both are collectives over the process group: every rank runs them, rank 0 writes.
         matrix = self._confusion.compute()
         images, labels, preds = self._gather_wrong(trainer, pl_module)
-        for writer in tensorboard_writers(trainer):
-            names, data = trainer.datamodule.class_names, trainer.datamodule.hparams
-            figure = confusion_matrix_figure(matrix, names)
-            writer.add_figure("test/confusion_matrix", figure, global_step=trainer.global_step)
-            if len(images):
-                titles = [f"{names[true]} → {names[pred]}" for true, pred in zip(labels.tolist(), preds.tolist())]
-                figure = digit_grid(images, titles, data.mean, data.std, heading="true class → predicted class")
-                writer.add_figure("test/misclassified", figure, global_step=trainer.global_step)
+        if not trainer.is_global_zero or not media_loggers(trainer):
+            return
+        names, data = trainer.datamodule.class_names, trainer.datamodule.hparams
+        log_figure(trainer, "test/confusion_matrix", confusion_matrix_figure(matrix, names), trainer.global_step)
+        if len(images):
+            titles = [f"{names[true]} → {names[pred]}" for true, pred in zip(labels.tolist(), preds.tolist())]
+            figure = digit_grid(images, titles, data.mean, data.std, heading="true class → predicted class")
+            log_figure(trainer, "test/misclassified", figure, trainer.global_step)
 
     def _gather_wrong(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[Tensor, Tensor, Tensor]:
         """Every rank's misclassified digits, the first ``max_images`` in rank order: images

@@ -1,5 +1,5 @@
-"""What tells one run from another in TensorBoard, and what the model is fed: HPARAMS, the
-config as text, and one input batch as an image."""
+"""What tells one run from another in its trackers, and what the model is fed: the settings (HPARAMS in
+TensorBoard), the config as text, and one input batch as an image."""
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -7,24 +7,30 @@ from collections.abc import Iterator, Mapping, Sequence
 import lightning as L
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.tensorboard.summary import hparams
+from typing_extensions import override
 
-from mnist_ddp.callbacks.figures import digit_grid, tensorboard_writers
+from mnist_ddp.callbacks.figures import digit_grid
 from mnist_ddp.cli.trainer import data_parallel_layout
+from mnist_ddp.loggers.media import log_figure, log_settings, media_loggers
 
 
 class RunSummary(L.Callback):
-    """Writes a run's settings and first input batch into its TensorBoard event file (global rank 0).
+    """Writes a run's settings and first input batch to its loggers (global rank 0), each the way
+    its tool shows them (:mod:`mnist_ddp.loggers.media`).
 
     When fit starts:
 
-    - HPARAMS tab: the composed config flattened to dotted keys (see :func:`flatten_config`),
-      plus ``world_size``, ``num_nodes``, ``backend`` (read from the process group: ``nccl`` or
-      ``gloo``), ``per_device_batch_size``, ``global_batch_size`` and ``accumulate_grad_batches``.
-      Its metric columns are ``metrics``; TensorBoard fills them with the last point of those
-      scalar tags, which the entry point logs last from the best checkpoint (``val/acc``) and
-      the test set (``test/acc``). Every job of a sweep is one row.
-    - Text ``config``: the composed config as YAML, interpolations resolved.
+    - Settings: the composed config flattened to dotted keys (see :func:`flatten_config`), the
+      job's own command-line overrides first (a group choice such as ``model=mlp`` as the key
+      ``model``), plus ``world_size``, ``num_nodes``, ``backend`` (read from the process group:
+      ``nccl`` or ``gloo``), ``per_device_batch_size``, ``global_batch_size`` and
+      ``accumulate_grad_batches``. In TensorBoard, the HPARAMS table with the overrides as its
+      first columns and ``metrics`` as its metric columns; TensorBoard fills those with the last
+      point of the scalar tags, which the entry point logs last from the best checkpoint
+      (``val/acc``) and the test set (``test/acc``). Every job of a sweep is one row. In MLflow,
+      run parameters; in W&B, the run config; in CSV, ``hparams.yaml``.
+    - The composed config as YAML, interpolations resolved: TensorBoard's text ``config``, MLflow's
+      artifact ``config.yaml``.
 
     At the first training step (not again when a run resumes from a checkpoint):
 
@@ -32,11 +38,11 @@ class RunSummary(L.Callback):
       un-normalized, each titled with its class name (a wrong label or a blank image shows here),
       from the DataModule's ``class_names`` and ``hparams.mean`` / ``hparams.std``.
 
-    Only a :class:`~lightning.pytorch.loggers.TensorBoardLogger` gets these.
-
     Args:
         config: the job's composed config.
-        extra_hparams: more HPARAMS columns, such as values derived from the config (default none).
+        overrides: the job's command-line overrides (``key=value``, as in ``.hydra/overrides.yaml``;
+            default none).
+        extra_hparams: more settings, such as values derived from the config (default none).
         metrics: scalar tags shown as HPARAMS metrics (default ``("val/acc", "test/acc")``).
         max_images: digits in the input batch image (default 64).
     """
@@ -44,16 +50,25 @@ class RunSummary(L.Callback):
     def __init__(
         self,
         config: DictConfig,
+        overrides: Sequence[str] = (),
         extra_hparams: Mapping[str, int | float | str] | None = None,
         metrics: Sequence[str] = ("val/acc", "test/acc"),
         max_images: int = 64,
     ) -> None:
-        self.hparams = {**flatten_config(config), **(extra_hparams or {})}
+        settings = {**flatten_config(config), **(extra_hparams or {})}
+        # The overrides' keys first, in the order given: a group choice (model=mlp) is not a key of
+        # the config, so it gets its own, with the option chosen.
+        self.overridden: dict[str, int | float | str] = {}
+        for argument in overrides:
+            key, _, value = argument.lstrip("+~").partition("=")
+            self.overridden[key] = settings.get(key, value)
+        self.hparams = {**self.overridden, **settings}
         self.config_yaml = OmegaConf.to_yaml(config, resolve=True)
         self.global_batch_size = config.data.global_batch_size
         self.metrics = tuple(metrics)
         self.max_images = max_images
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or not trainer.is_global_zero:
             return
@@ -62,24 +77,19 @@ class RunSummary(L.Callback):
             "num_nodes": trainer.num_nodes,
             "backend": dist.get_backend() if dist.is_initialized() else "none",
         }
-        # Not TensorBoardLogger.log_hyperparams: given metrics, it logs them as placeholder points
-        # at step 0 of the real val/acc and test/acc charts. The hparams plugin's summaries below
-        # name the metrics without a value, and TensorBoard reads the values from those charts.
-        summaries = hparams({**self.hparams, **run}, {metric: 0.0 for metric in self.metrics})[:2]
-        for writer in tensorboard_writers(trainer):
-            for summary in summaries:  # the experiment (columns) and this session's values
-                writer._get_file_writer().add_summary(summary)
-            writer.add_text("config", f"```yaml\n{self.config_yaml}```", global_step=0)
+        log_settings(trainer, {**self.hparams, **run}, self.metrics, self.config_yaml, first=list(self.overridden))
 
+    @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         if trainer.global_step != 0 or batch_idx != 0 or trainer.current_epoch != 0 or not trainer.is_global_zero:
             return
+        if not media_loggers(trainer):
+            return
         images, labels = batch[0][: self.max_images], batch[1][: self.max_images]
-        for writer in tensorboard_writers(trainer):
-            data = trainer.datamodule
-            titles = [data.class_names[label] for label in labels.tolist()]
-            figure = digit_grid(images, titles, data.hparams.mean, data.hparams.std, heading="label")
-            writer.add_figure("train/input_batch", figure, global_step=0)
+        data = trainer.datamodule
+        titles = [data.class_names[label] for label in labels.tolist()]
+        figure = digit_grid(images, titles, data.hparams.mean, data.hparams.std, heading="label")
+        log_figure(trainer, "train/input_batch", figure, step=0)
 
 
 def flatten_config(config: DictConfig) -> dict[str, int | float | str]:

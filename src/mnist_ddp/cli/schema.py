@@ -174,7 +174,7 @@ class LRScalingConfig:
 
 @dataclass
 class TensorBoardLoggerConfig:
-    """``logger`` group: arguments of ``lightning.pytorch.loggers.TensorBoardLogger``."""
+    """``logger.tensorboard``: arguments of ``lightning.pytorch.loggers.TensorBoardLogger``."""
 
     _target_: str = MISSING
     save_dir: str = MISSING
@@ -182,6 +182,54 @@ class TensorBoardLoggerConfig:
     version: str = MISSING
     default_hp_metric: bool = MISSING
     log_graph: bool = MISSING
+
+
+@dataclass
+class CSVLoggerConfig:
+    """``logger.csv``: arguments of :class:`mnist_ddp.loggers.csv_logger.CSVLogger` (Lightning's)."""
+
+    _target_: str = MISSING
+    save_dir: str = MISSING
+    name: str = MISSING
+    version: str = MISSING
+
+
+@dataclass
+class MLFlowLoggerConfig:
+    """``logger.mlflow``: arguments of ``lightning.pytorch.loggers.MLFlowLogger``; ``run_name``
+    null names the run by its run directory (:func:`mnist_ddp.loggers.trackers.build_loggers`)."""
+
+    _target_: str = MISSING
+    experiment_name: str = MISSING
+    run_name: str | None = MISSING
+    tracking_uri: str = MISSING
+    artifact_location: str | None = MISSING
+    tags: dict[str, str] = MISSING
+    log_model: bool = MISSING
+
+
+@dataclass
+class WandbLoggerConfig:
+    """``logger.wandb``: arguments of ``lightning.pytorch.loggers.WandbLogger``; ``name`` null names
+    the run by its run directory."""
+
+    _target_: str = MISSING
+    project: str = MISSING
+    name: str | None = MISSING
+    save_dir: str = MISSING
+    offline: bool = MISSING
+    log_model: bool = MISSING
+
+
+@dataclass
+class LoggerConfig:
+    """``logger`` group: one key per logger, several at once (``logger=[tensorboard,mlflow]``);
+    ``logger=[]``: none."""
+
+    tensorboard: TensorBoardLoggerConfig | None = None
+    csv: CSVLoggerConfig | None = None
+    mlflow: MLFlowLoggerConfig | None = None
+    wandb: WandbLoggerConfig | None = None
 
 
 @dataclass
@@ -212,7 +260,7 @@ class JobConfig:
     model: ModelConfig = MISSING
     trainer: TrainerConfig = MISSING
     strategy: StrategyConfig = MISSING
-    logger: TensorBoardLoggerConfig = MISSING
+    logger: LoggerConfig = MISSING
     callbacks: dict[str, Any] = MISSING
     paths: PathsConfig = MISSING
     launcher: LauncherConfig = MISSING
@@ -239,6 +287,49 @@ class EvalConfig(JobConfig):
     """
 
     ckpt_path: str = MISSING
+
+
+@dataclass
+class PredictConfig(JobConfig):
+    """The composed config of ``python -m mnist_ddp.predict`` (``conf/predict.yaml``).
+
+    ``ckpt_path`` and ``input`` are required: the checkpoint, and a folder of PNG or JPEG images,
+    one such image, or an IDX images file (``.gz`` too) (:mod:`mnist_ddp.data.inputs`). As for
+    eval, the model and the data set keys (normalization, class names) come from the checkpoint's
+    run; ``model`` is used only when the run left no config. The data set's files are not read.
+    """
+
+    ckpt_path: str = MISSING
+    input: str = MISSING
+
+
+class ExportFormat(str, Enum):
+    """``format`` of ``python -m mnist_ddp.export`` (:mod:`mnist_ddp.tasks.export`): ``onnx``, an
+    ONNX model (``<checkpoint stem>.onnx``), or ``torch_export``, a ``torch.export`` program
+    (``<checkpoint stem>.pt2``)."""
+
+    onnx = "onnx"
+    torch_export = "torch_export"
+
+
+@dataclass
+class ExportConfig:
+    """The composed config of ``python -m mnist_ddp.export`` (``conf/export.yaml``): one process, no
+    Trainer, so no ``trainer``, ``strategy``, ``logger``, ``callbacks`` or ``launcher``.
+
+    ``data`` is the data set of the checkpoint's run (as for eval): its normalization goes into the
+    exported model, and its test images check the file. ``model`` is used only when the run left no
+    config; ``seed`` only feeds ``data.shuffle_seed``. ``ckpt_path`` is required; ``format`` is
+    :class:`ExportFormat`; ``output`` is the file to write, or None for one beside the checkpoint.
+    """
+
+    data: DataConfig = MISSING
+    model: ModelConfig = MISSING
+    paths: PathsConfig = MISSING
+    seed: int = MISSING
+    ckpt_path: str = MISSING
+    format: ExportFormat = MISSING
+    output: str | None = MISSING
 
 
 def upgrade_targets(node: Any) -> Any:

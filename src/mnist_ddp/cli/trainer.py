@@ -1,12 +1,12 @@
 """The DDP Trainer, built from the composed config, with the checks that must pass before launch."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
+from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from mnist_ddp.cli.job import launcher_restarts
@@ -16,17 +16,20 @@ from mnist_ddp.distributed.layout import (
     per_device_eval_batch_size,
     resolve_devices,
 )
+from mnist_ddp.loggers.trackers import build_loggers
 
 
 def build_trainer(
     cfg: DictConfig,
     extra_callbacks: Sequence[L.Callback] = (),
-    logger_options: Mapping[str, Any] | None = None,
+    loggers: Sequence[Logger] | None = None,
     evaluation: bool = False,
 ) -> tuple[L.Trainer, dict[str, int]]:
-    """Instantiate the Trainer with its strategy, logger and callbacks from ``cfg``, plus
-    ``extra_callbacks`` (those built from more than their own config node) and ``logger_options``
-    (arguments for the logger beyond its config, default none). With
+    """Instantiate the Trainer with its strategy, loggers and callbacks from ``cfg``, plus
+    ``extra_callbacks`` (those built from more than their own config node). ``loggers``: those
+    built already (:func:`mnist_ddp.loggers.trackers.build_loggers`), else built here from
+    ``cfg.logger`` as for a new run (default); with no logger (``logger=[]``) the learning rate
+    monitor is left out. With
     ``trainer.enable_progress_bar=false`` the progress bar callback is left out. With
     ``evaluation`` (default False) the Trainer only evaluates: the global batch need not split
     evenly over the processes (:func:`~mnist_ddp.distributed.layout.per_device_eval_batch_size`).
@@ -48,12 +51,19 @@ def build_trainer(
     if not cfg.trainer.enable_progress_bar:
         # Lightning refuses a progress bar callback beside enable_progress_bar=False; the flag wins.
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
+    if loggers is None:
+        loggers = build_loggers(cfg.logger, Path(cfg.paths.output_dir), Path(cfg.paths.log_dir))
+    if not loggers:
+        # logger=[]: Lightning refuses a LearningRateMonitor without a logger to write to.
+        callbacks = [callback for callback in callbacks if not isinstance(callback, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         accelerator=accelerator,
         devices=devices,
         strategy=instantiate(cfg.strategy),
-        logger=instantiate(cfg.logger, **(logger_options or {})),
+        logger=list(loggers)
+        if loggers is not None
+        else build_loggers(cfg.logger, Path(cfg.paths.output_dir), Path(cfg.paths.log_dir)),
         callbacks=callbacks,
     )
     check_device_options(

@@ -191,6 +191,8 @@ def resolve_hydra_interpolations(cfg: DictConfig) -> dict:
         child = node._get_node(key)
         if child._is_interpolation():
             return node[key] if "hydra:" in str(child._value()) else child._value()
+        if child._is_none():  # a typed node set to None (a logger not selected) is a DictConfig too
+            return None
         if isinstance(child, DictConfig | ListConfig):
             return convert(child)
         raw = child._value()

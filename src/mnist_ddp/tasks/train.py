@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from mnist_ddp.callbacks.run_summary import RunSummary
 from mnist_ddp.callbacks.signals import stop_on_signals
@@ -24,6 +24,7 @@ from mnist_ddp.distributed.checkpoint_io import in_place_resume_step
 from mnist_ddp.distributed.host_memory import keep_freed_host_memory
 from mnist_ddp.distributed.layout import scale_learning_rate
 from mnist_ddp.distributed.options import LRScaling
+from mnist_ddp.loggers.trackers import build_loggers, record_tracker_runs
 
 log = logging.getLogger(__name__)
 # Every process runs this file; messages about the whole run come from global rank 0 only.
@@ -60,15 +61,18 @@ def fit_and_test(cfg: DictConfig) -> dict:
     rule = LRScaling(cfg.lr_scaling.rule)
     effective_lr = scale_learning_rate(base_lr, cfg.data.global_batch_size, cfg.lr_scaling.reference_batch_size, rule)
     # HPARAMS and the config text show the config as composed (the lr a sweep set), plus the rate in use.
-    run_summary = RunSummary(cfg, extra_hparams={"effective_lr": effective_lr})
+    run_dir = Path(cfg.paths.output_dir)
+    run_summary = RunSummary(cfg, overrides=job_overrides(run_dir), extra_hparams={"effective_lr": effective_lr})
     cfg.model.optimizer.lr = effective_lr
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     model: L.LightningModule = instantiate(cfg.model)
-    # A resume in place continues the run's TensorBoard run: the points after its checkpoint go.
-    purge_step = in_place_resume_step(Path(cfg.paths.output_dir), cfg.ckpt_path)
-    logger_options = {} if purge_step is None else {"purge_step": purge_step}
-    trainer, layout = build_trainer(cfg, extra_callbacks=[run_summary], logger_options=logger_options)
+    # A resume in place continues the run's tracker runs; TensorBoard and CSV drop the points
+    # logged after its checkpoint, which the resumed run logs again.
+    purge_step = in_place_resume_step(run_dir, cfg.ckpt_path)
+    loggers = build_loggers(cfg.logger, run_dir, Path(cfg.paths.log_dir), purge_step)
+    trainer, layout = build_trainer(cfg, extra_callbacks=[run_summary], loggers=loggers)
+    record_tracker_runs(cfg.logger, loggers, run_dir)
     info(
         "Data parallel: world_size={world_size}, global batch {global_batch_size} = "
         "{per_device_batch_size} per device x {world_size} processes x {accumulate_grad_batches} "
@@ -93,10 +97,18 @@ def fit_and_test(cfg: DictConfig) -> dict:
 
     metrics = {**val, **test, "checkpoint": best or None, **layout}
     if trainer.is_global_zero:
-        write_json(Path(cfg.paths.output_dir) / METRICS_FILE, metrics)
+        write_json(run_dir / METRICS_FILE, metrics)
     info(
         f"Test accuracy {metrics['test/acc']:.4f}, test loss {metrics['test/loss']:.4f}; "
         f"val accuracy {metrics['val/acc']:.4f} (checkpoint {best or 'final weights'})"
     )
-    info(f"Run directory: {cfg.paths.output_dir}")
+    info(f"Run directory: {run_dir}")
     return metrics
+
+
+def job_overrides(run_dir: Path) -> list[str]:
+    """The job's command-line overrides, as Hydra saved them in ``<run_dir>/.hydra/overrides.yaml``
+    (none if it is missing): each process reads them there, since only the one that ran Hydra has
+    Hydra's own record."""
+    path = run_dir / ".hydra" / "overrides.yaml"
+    return [str(override) for override in OmegaConf.load(path)] if path.is_file() else []
