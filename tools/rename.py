@@ -40,7 +40,8 @@ OLD_PACKAGE = "mnist_ddp"
 #: name would shadow them.
 TAKEN = {
     "torch", "torchvision", "lightning", "pytorch_lightning", "torchmetrics", "hydra", "omegaconf", "tensorboard",
-    "matplotlib", "rich", "numpy", "pytest", "optuna", "benchmarks", "tests", "tools", "conf",
+    "matplotlib", "rich", "numpy", "pytest", "optuna", "onnx", "onnxruntime", "onnxscript", "benchmarks", "tests",
+    "tools", "conf",
 }  # fmt: skip
 #: Where the new name must not be a word yet: what a later rename must rewrite precisely.
 CODE_SUFFIXES = {".py", ".yaml", ".toml", ".sbatch"}

@@ -43,6 +43,11 @@ class DataFormatError(UsageError, ValueError):
     """A data file that is not what the DataModule reads (format, shape, sample count, labels)."""
 
 
+class ExportError(UsageError):
+    """An exported model that cannot be made here (an optional package missing) or that does not
+    compute what its checkpoint's model computes (``python -m mnist_ddp.export``)."""
+
+
 class JobFailedError(Exception):
     """A process of a job failed (see :func:`mnist_ddp.distributed.launch.launch`); every process has ended.
 

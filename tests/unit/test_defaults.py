@@ -45,11 +45,15 @@ def test_the_schema_holds_no_values(dataclass):
     assert with_a_value == [], f"{dataclass.__name__}: set these in conf/, not in the schema"
 
 
-@pytest.mark.parametrize("config_name", ["config", "eval"])
+#: Each entry point's config, with the keys its command line must set.
+REQUIRED = {"config": [], "eval": ["ckpt_path"], "predict": ["ckpt_path", "input"], "export": ["ckpt_path"]}
+
+
+@pytest.mark.parametrize("config_name", list(REQUIRED))
 def test_the_default_configs_set_every_key(config_name):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name)
-    assert missing_values(cfg) == (["ckpt_path"] if config_name == "eval" else [])
+    assert missing_values(cfg) == REQUIRED[config_name]
 
 
 def targets(node, path="") -> list[tuple[str, DictConfig]]:
@@ -78,12 +82,12 @@ def plain(value):
 CHOICES = [
     ("config", f"{group}={option}") for group in ("data", "model", "strategy") for option in group_options(group)
 ]
-CHOICES += [("config", ""), ("eval", "")]
+CHOICES += [(config_name, "") for config_name in REQUIRED]
 
 
 @pytest.mark.parametrize(("config_name", "choice"), CHOICES, ids=[f"{c}:{o or 'defaults'}" for c, o in CHOICES])
 def test_class_defaults_are_the_configs_values(config_name, choice):
-    overrides = ["ckpt_path=x"] if config_name == "eval" else []
+    overrides = [f"{key}=x" for key in REQUIRED[config_name]]
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name, overrides=[*overrides, *([choice] if choice else [])])
     checked, differ = 0, []

@@ -130,6 +130,9 @@ class StopOnSignal(L.Callback):
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.install()
 
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.install()
+
     @rank_zero_only
     def report(self, trainer: L.Trainer) -> None:
         """Log how the run stopped and what resumes it (global rank 0)."""

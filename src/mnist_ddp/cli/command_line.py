@@ -1,4 +1,4 @@
-"""The command line of ``python -m mnist_ddp.<train|eval>``: checked, then run.
+"""The command line of ``python -m mnist_ddp.<train|eval|predict|export>``: checked, then run.
 
 The check comes in two steps, both before Hydra creates a run directory and before any process
 starts. First the keys and types (:mod:`mnist_ddp.cli.compose`), with Hydra and OmegaConf alone:
@@ -18,7 +18,7 @@ from mnist_ddp.errors import UsageError
 
 
 def run_entry_point(main: Callable[[], object], config_name: str) -> None:
-    """What ``python -m mnist_ddp.<train|eval>`` does.
+    """What ``python -m mnist_ddp.<train|eval|predict|export>`` does.
 
     The command line is checked first (:func:`check_command_line`): a bad one exits with status 1
     and one line on stderr. ``hydra.run.dir=<a run> ckpt_path=last`` is completed with that run's

@@ -1,21 +1,40 @@
 """The run directory's name, and the files a job writes into it besides Lightning's own."""
 
+import csv
 import hashlib
+import io
 import json
 import os
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` to ``path`` as JSON, atomically: a reader sees the old file or the whole new one."""
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: into ``.<name>.partial`` beside it, then renamed over it,
+    so that a reader, or a kill during the write, sees the old file or the whole new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(data, indent=2) + "\n")
+    partial.write_text(text)
     os.replace(partial, path)
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` to ``path`` as JSON, atomically (:func:`write_atomically`)."""
+    write_atomically(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+    """Write a CSV file (``header``, then ``rows``; Python's ``csv`` dialect ``excel``), atomically
+    (:func:`write_atomically`)."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    write_atomically(path, text.getvalue())
 
 
 def config_fingerprint(cfg: DictConfig) -> str:

@@ -12,7 +12,8 @@ expands into several):
    process count (torchrun, SLURM), global batch vs processes, options the devices cannot run
    (backend, SyncBatchNorm, precision);
 3. the checkpoint (``ckpt_path``), the data set (fetched first when missing), the log folder
-   (writable) and the run directory (not an earlier run's) are checked.
+   (writable) and the run directory (not an earlier run's) are checked; so are a prediction's
+   inputs (every image decoded) and an export's output (not there yet, its packages installed).
 """
 
 import json
@@ -32,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from mnist_ddp.cli.compose import Job
 from mnist_ddp.cli.job import METRICS_FILE, launcher_rank, launcher_restarts
 from mnist_ddp.cli.saved_run import data_set_of_run, saved_run_config
+from mnist_ddp.data.inputs import check_inputs
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.distributed.launch import check_rendezvous_address, launched_externally
 from mnist_ddp.distributed.layout import (
@@ -42,38 +44,43 @@ from mnist_ddp.distributed.layout import (
     uses_cuda,
 )
 from mnist_ddp.errors import ConfigValueError, UsageError
+from mnist_ddp.loggers.trackers import check_tracker_packages
+from mnist_ddp.tasks.export import check_exporter, check_output, output_path
+
+#: The entry points that apply a training run's checkpoint instead of training, with what each
+#: does with it (for the messages): they take the model and the data set of the checkpoint's run.
+CHECKPOINT_USES = {"eval": "evaluation", "predict": "prediction", "export": "export"}
 
 
 def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
     """Check the values of the ``jobs`` of a command line of ``python -m mnist_ddp.<config_name>``
     (their keys are checked: :func:`mnist_ddp.cli.compose.composed_jobs`): each one's objects
-    and layout (:func:`check_job`), checkpoint and run directory; last, once per data set, the
-    data (:func:`check_data`).
+    and layout (:func:`check_job`; an export, one process with no Trainer:
+    :func:`check_export_job`), checkpoint (of the checkpoint's run for eval, predict, export:
+    :func:`checkpoint_run_model`), a prediction's inputs and run directory; last, once per data
+    set, the data (:func:`check_data`; not for a prediction, which reads no data set files).
 
     Raises:
         UsageError: the first problem found, as one line.
     """
     if not jobs:  # a command line left to Hydra (--help, --cfg ...)
         return
+    training = config_name not in CHECKPOINT_USES
     data_sets = []
     for job in jobs:
         output_dir = _output_dir(job)
         cfg = job.cfg
-        model = check_job(cfg, training=config_name != "eval")
-        if config_name == "eval":  # the model and the data set of the checkpoint's run
-            if cfg.ckpt_path == "last":  # "last" resumes a training run in place
-                raise ConfigValueError(
-                    "ckpt_path=last: evaluation needs a checkpoint file, such as "
-                    "ckpt_path=logs/runs/<run>/checkpoints/last.ckpt (or the best epoch_<N>.ckpt beside it)."
-                )
-            run = saved_run_config(Path(cfg.ckpt_path))
-            data_set_of_run(cfg.data, run, Path(cfg.ckpt_path), job.overrides)
-            model = instantiate(run.model) if run is not None else model
+        model = check_export_job(cfg) if config_name == "export" else check_job(cfg, training=training)
+        if not training:
+            model = checkpoint_run_model(cfg, job.overrides, model, CHECKPOINT_USES[config_name])
         if cfg.get("ckpt_path") not in (None, "last"):  # "last": Lightning finds the run's own
             check_checkpoint(cfg.ckpt_path, model)
-        if (data := OmegaConf.to_container(cfg.data, resolve=True)) not in data_sets:  # resolved in its job
+        if config_name == "predict":  # its inputs, instead of the data set's files
+            world_size = cfg.trainer.num_nodes * processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices)
+            check_inputs(Path(cfg.input), world_size)
+        elif (data := OmegaConf.to_container(cfg.data, resolve=True)) not in data_sets:  # resolved in its job
             data_sets.append(data)
-    if not launched_externally():
+    if not launched_externally() and config_name != "export":  # an export forms no process group
         check_rendezvous_address()
     resume = cfg.get("ckpt_path") == "last"
     if resume and not job.multirun:
@@ -81,7 +88,37 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
     check_output_dir(output_dir, job.multirun, resume)
     if not launched_externally():  # under torchrun or SLURM, Lightning prepares the data on each node
         for data in data_sets:
-            check_data(data, training=config_name != "eval")
+            check_data(data, training=training)
+
+
+def checkpoint_run_model(
+    cfg: DictConfig, overrides: Sequence[str], model: L.LightningModule, purpose: str
+) -> L.LightningModule:
+    """For a command that applies a checkpoint (:data:`CHECKPOINT_USES`): set the data set keys of
+    ``cfg.data`` to those of the checkpoint's run (:func:`~mnist_ddp.cli.saved_run.data_set_of_run`,
+    against the job's ``overrides``), and build the run's model.
+
+    Args:
+        cfg: the job's config.
+        overrides: the job's command-line overrides.
+        model: the model of this command's own config, for a run that left no config.
+        purpose: what the command does with the checkpoint, for the message (``evaluation``).
+
+    Returns:
+        The model of the checkpoint's run, or ``model`` when the run left no config.
+
+    Raises:
+        ConfigValueError: for ``ckpt_path=last`` (a training run's resume in place, not a file),
+            and for an override that contradicts the run's data set.
+    """
+    if cfg.ckpt_path == "last":
+        raise ConfigValueError(
+            f"ckpt_path=last: {purpose} needs a checkpoint file, such as "
+            "ckpt_path=logs/runs/<run>/checkpoints/last.ckpt (or the best epoch_<N>.ckpt beside it)."
+        )
+    run = saved_run_config(Path(cfg.ckpt_path))
+    data_set_of_run(cfg.data, run, Path(cfg.ckpt_path), overrides)
+    return instantiate(run.model) if run is not None else model
 
 
 def _output_dir(job: Job) -> Path:
@@ -187,15 +224,7 @@ def check_job(cfg: DictConfig, training: bool = True) -> L.LightningModule:
     Raises:
         UsageError: the first problem found, as one line.
     """
-    built = {}
-    for group in ("data", "model", "strategy", "callbacks"):
-        try:
-            built[group] = instantiate(cfg[group])
-        except InstantiationException as error:
-            if isinstance(error.__cause__, UsageError):
-                raise error.__cause__ from None
-            hint = _unexpected_argument_hint(cfg[group], group, error.__cause__)
-            raise UsageError(f"{group}: {error.__cause__ or error}{hint}") from None
+    built = build_groups(cfg, ("data", "model", "strategy", "callbacks"))
     if training:
         check_schedule(cfg.trainer, built["model"], cfg.model.optimizer)
     accelerator, _ = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
@@ -215,6 +244,50 @@ def check_job(cfg: DictConfig, training: bool = True) -> L.LightningModule:
     check_device_options(
         "cuda" if cuda else "cpu", cfg.strategy.process_group_backend, cfg.trainer.sync_batchnorm, cfg.trainer.precision
     )
+    check_writable("paths.log_dir", Path(cfg.paths.log_dir))
+    check_tracker_packages(cfg.logger)
+    return built["model"]
+
+
+def build_groups(cfg: DictConfig, groups: Sequence[str]) -> dict[str, object]:
+    """Instantiate the config groups ``groups`` of ``cfg``, so that their classes' own argument
+    checks run before any process starts.
+
+    Returns:
+        Each group's object, by the group's name.
+
+    Raises:
+        UsageError: a class's own :class:`UsageError`, or its other error as one line naming the
+            group (with the key to drop for an unexpected keyword argument).
+    """
+    built = {}
+    for group in groups:
+        try:
+            built[group] = instantiate(cfg[group])
+        except InstantiationException as error:
+            if isinstance(error.__cause__, UsageError):
+                raise error.__cause__ from None
+            hint = _unexpected_argument_hint(cfg[group], group, error.__cause__)
+            raise UsageError(f"{group}: {error.__cause__ or error}{hint}") from None
+    return built
+
+
+def check_export_job(cfg: DictConfig) -> L.LightningModule:
+    """Build the parts of one export job (data set, model: :func:`build_groups`) and check its
+    output: the packages of its format installed, the file not there yet (an export never
+    overwrites one), its folder and ``paths.log_dir`` writable.
+
+    Returns:
+        The model it built, for the checkpoint's check.
+
+    Raises:
+        UsageError: the first problem found, as one line.
+    """
+    built = build_groups(cfg, ("data", "model"))
+    check_exporter(cfg.format)
+    output = output_path(cfg.ckpt_path, cfg.format, cfg.output)
+    check_output(output)
+    check_writable("output", output.parent)
     check_writable("paths.log_dir", Path(cfg.paths.log_dir))
     return built["model"]
 

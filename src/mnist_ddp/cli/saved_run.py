@@ -1,21 +1,28 @@
 """A training run's saved config, read back to use one of its checkpoints: the model it built and
 the data set it trained on.
 
-``python -m mnist_ddp.eval`` rebuilds the model from the run's ``.hydra/config.yaml`` and evaluates
-on the data set the run trained on, so that a network trained on Fashion-MNIST is not scored on
-MNIST because the eval command's defaults say MNIST. Where the files are (``data.data_dir``) and
-how they are loaded (workers, device, batch size) stay the command's own.
+``python -m mnist_ddp.eval`` (and ``predict``, ``export``) rebuilds the model from the run's
+``.hydra/config.yaml`` and uses the data set the run trained on, so that a network trained on
+Fashion-MNIST is not scored on MNIST, nor fed MNIST's normalization, because the command's defaults
+say MNIST. Where the files are (``data.data_dir``) and how they are loaded (workers, device, batch
+size) stay the command's own.
 """
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mnist_ddp.cli.schema import upgrade_targets
 from mnist_ddp.errors import ConfigValueError
+
+log = logging.getLogger(__name__)
+info = rank_zero_only(log.info)
 
 #: The keys of ``data`` that say which data set a run trained on: its class, folder layout, file
 #: names, download, class names and normalization statistics (``conf/data/*.yaml``).
@@ -32,6 +39,35 @@ def saved_run_config(checkpoint: Path) -> DictConfig | None:
     renamed to today's (:func:`~mnist_ddp.cli.schema.upgrade_targets`); None without one."""
     path = run_config_path(checkpoint)
     return upgrade_targets(OmegaConf.load(path)) if path.is_file() else None
+
+
+def model_config(cfg: DictConfig, checkpoint: Path) -> DictConfig:
+    """The ``model`` node of the run that wrote ``checkpoint``, else ``cfg.model`` (logged on global rank 0)."""
+    run = saved_run_config(checkpoint)
+    if run is not None:
+        info(f"Model config from the checkpoint's run: {run_config_path(checkpoint)}")
+        return run.model
+    info(f"No run config at {run_config_path(checkpoint)}: using model={cfg.model.net._target_} from this command")
+    return cfg.model
+
+
+def use_data_set_of_run(cfg: DictConfig, checkpoint: Path) -> None:
+    """Set the data set keys of ``cfg.data`` to those of the run that wrote ``checkpoint``
+    (:func:`data_set_of_run`, against this Hydra job's overrides), and log on global rank 0 which
+    keys were taken, or, when the run left no config, which data set this command assumes.
+
+    Raises:
+        ConfigValueError: see :func:`data_set_of_run` (the command line checks it before launch).
+    """
+    run = saved_run_config(checkpoint)
+    taken = data_set_of_run(cfg.data, run, checkpoint, HydraConfig.get().overrides.task)
+    if run is not None:
+        info(f"Data set of the checkpoint's run: {', '.join(taken) or 'the same as this command'}")
+    else:
+        info(
+            f"No run config at {run_config_path(checkpoint)}: using this command's data set "
+            f"(data.subdir={cfg.data.subdir}, data.mean={cfg.data.mean}, data.std={cfg.data.std})"
+        )
 
 
 def data_set_of_run(data: DictConfig, run: DictConfig | None, checkpoint: Path, overrides: Sequence[str]) -> list[str]:
@@ -65,7 +101,7 @@ def data_set_of_run(data: DictConfig, run: DictConfig | None, checkpoint: Path, 
             given = f"data.{key}={ours}" if key in explicit else f"data={explicit['']} (data.{key}={ours})"
             raise ConfigValueError(
                 f"{given}: the checkpoint's run trained on data.{key}={theirs} ({run_config_path(checkpoint)}). "
-                "Leave it out to evaluate on the data set the model was trained for."
+                "Leave it out to use the data set (and normalization) the model was trained for."
             )
         if isinstance(theirs, dict):  # a typed node (data.files): its keys one by one
             for name, value in theirs.items():

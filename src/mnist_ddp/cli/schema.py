@@ -12,6 +12,7 @@ template's own classes).
 """
 
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -352,10 +353,13 @@ def upgrade_targets(node: Any) -> Any:
 
 
 def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore (named in ``conf/config.yaml`` and ``conf/eval.yaml``),
-    and register the ``${run_stamp:}`` resolver of the run directory names (:func:`mnist_ddp.cli.outputs.run_stamp`)."""
+    """Store the schemas in Hydra's ConfigStore (named in ``conf/config.yaml``, ``conf/eval.yaml``,
+    ``conf/predict.yaml`` and ``conf/export.yaml``), and register the ``${run_stamp:}`` resolver of
+    the run directory names (:func:`mnist_ddp.cli.outputs.run_stamp`)."""
     if not OmegaConf.has_resolver("run_stamp"):
         # Cached, like Hydra's ${now:}: every job of a sweep resolves the sweep's directory alike.
         OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
     ConfigStore.instance().store(name="config_schema", node=Config)
     ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
+    ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
+    ConfigStore.instance().store(name="export_schema", node=ExportConfig)

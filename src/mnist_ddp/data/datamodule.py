@@ -70,6 +70,21 @@ def normalize(images: Tensor, mean: float, std: float) -> Tensor:
     return (images.unsqueeze(1).float() / 255.0 - mean) / std
 
 
+def unrepeated_loader(dataset: Dataset, world_size: int, global_rank: int, **options) -> DataLoader:
+    """A DataLoader of this replica's shard of ``dataset`` for evaluation or prediction: every sample
+    goes to exactly one of the ``world_size`` replicas, in order (replica ``r`` takes samples ``r``,
+    ``r + world_size``, ...), and none is repeated; ``options`` are the DataLoader's others.
+
+    torch's DistributedSampler pads the last shard with repeated samples, which would count them
+    twice in val/test metrics (and predict them twice). Lightning's unpadded sampler, the one
+    ``trainer.predict`` puts in by itself, lets shard sizes differ by one instead; this is safe
+    because evaluation and prediction run no collective per batch, only at the end of the epoch.
+    Each replica needs a sample: its assertion refuses a ``dataset`` smaller than ``world_size``.
+    """
+    sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world_size, rank=global_rank, shuffle=False)
+    return DataLoader(dataset, sampler=sampler, **options)
+
+
 class MNISTDataModule(L.LightningDataModule):
     """MNIST, or any data set in MNIST's file format, held in memory, sharded explicitly across the
     DDP process group.
@@ -277,15 +292,20 @@ class MNISTDataModule(L.LightningDataModule):
         return self._eval_loader(self.test_set)
 
     def _eval_loader(self, dataset: Dataset) -> DataLoader:
-        # torch's DistributedSampler pads the last shard with repeated samples, which would count
-        # them twice in val/test metrics. Lightning's unpadded sampler lets shard sizes differ
-        # by one instead; this is safe because evaluation runs no collective per batch, only the
-        # metric sync at the end of the epoch.
-        sampler = UnrepeatedDistributedSampler(
-            dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
-        )
         batch_size = per_device_eval_batch_size(self.hparams.global_batch_size, self.trainer.world_size)
-        return DataLoader(dataset, sampler=sampler, **self._loader_options(batch_size))
+        return unrepeated_loader(
+            dataset, self.trainer.world_size, self.trainer.global_rank, **self._loader_options(batch_size)
+        )
+
+    def test_pixels(self) -> Tensor:
+        """The test split's images as stored, ``(N, 28, 28)`` uint8, not normalized (for a check of a
+        model that takes raw pixels: ``python -m mnist_ddp.export``).
+
+        Raises:
+            DataNotAvailableError, DataFormatError: see :func:`~mnist_ddp.data.idx.read_idx_split`.
+        """
+        images, _ = read_idx_split(*self._split_files("test"), len(self.class_names))
+        return images
 
     def _loader_options(self, batch_size: int | None = None) -> dict:
         return {

@@ -192,11 +192,7 @@ def check_idx_split(
             the two files hold different numbers of samples, or a label is outside the classes.
     """
     count, *size = images_shape or check_idx_file(images_file, 3, IMAGES_KIND)
-    if tuple(size) != IMAGE_SIZE:
-        raise DataFormatError(
-            f"{images_file} holds {size[0]}x{size[1]} images; this template's networks take {IMAGE_SIZE[0]}x"
-            f"{IMAGE_SIZE[1]} (resize the data set, or change the networks in mnist_ddp/models/networks.py)."
-        )
+    check_image_size(images_file, size)
     labels = read_idx_file(labels_file, 1, LABELS_KIND).long()
     if count != len(labels):
         raise DataFormatError(f"{images_file} holds {count} images but {labels_file} {len(labels)} labels.")
@@ -206,6 +202,23 @@ def check_idx_split(
             f"{num_classes} classes (labels 0..{num_classes - 1})."
         )
     return labels
+
+
+def check_image_size(images_file: Path, size: Sequence[int]) -> None:
+    """Refuse an IDX images file whose images are not :data:`IMAGE_SIZE`.
+
+    Args:
+        images_file: the file, for the message.
+        size: its images' ``(height, width)`` in pixels, from its header.
+
+    Raises:
+        DataFormatError: naming the file, its image size and the networks' own.
+    """
+    if tuple(size) != IMAGE_SIZE:
+        raise DataFormatError(
+            f"{images_file} holds {size[0]}x{size[1]} images; this template's networks take {IMAGE_SIZE[0]}x"
+            f"{IMAGE_SIZE[1]} (resize the data set, or change the networks in mnist_ddp/models/networks.py)."
+        )
 
 
 def read_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> tuple[Tensor, Tensor]:

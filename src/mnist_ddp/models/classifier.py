@@ -137,6 +137,11 @@ class MNISTClassifier(L.LightningModule):
         :class:`~mnist_ddp.callbacks.misclassified.MisclassificationReport`."""
         return self._evaluate(batch, self.test_loss, self.test_acc, "test")
 
+    def predict_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
+        """``(images,)``, normalized ``(N, 1, 28, 28)`` float32 images as in training (labels, if the
+        batch has them, are ignored) -> ``(N, 10)`` float32 class probabilities (softmax of the logits)."""
+        return self(batch[0]).softmax(dim=1)
+
     def _evaluate(
         self, batch: tuple[Tensor, Tensor], loss_metric: MeanMetric, acc_metric: MulticlassAccuracy, split: str
     ) -> Tensor:

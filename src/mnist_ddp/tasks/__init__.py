@@ -1,1 +1,1 @@
-"""What the entry points do with each job, in every process: train, evaluate."""
+"""What the entry points do with each job: train, evaluate, predict (in every process), export (in one)."""

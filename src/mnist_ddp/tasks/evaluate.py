@@ -12,7 +12,6 @@ import logging
 from pathlib import Path
 
 import lightning as L
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
@@ -20,22 +19,12 @@ from omegaconf import DictConfig
 from mnist_ddp.callbacks.signals import stop_on_signals
 from mnist_ddp.cli.job import METRICS_FILE, run_job
 from mnist_ddp.cli.outputs import write_json
-from mnist_ddp.cli.saved_run import data_set_of_run, run_config_path, saved_run_config
+from mnist_ddp.cli.saved_run import model_config, use_data_set_of_run
 from mnist_ddp.cli.trainer import build_trainer
 from mnist_ddp.distributed.host_memory import keep_freed_host_memory
 
 log = logging.getLogger(__name__)
 info = rank_zero_only(log.info)
-
-
-def model_config(cfg: DictConfig, checkpoint: Path) -> DictConfig:
-    """The ``model`` node of the checkpoint's training run, else ``cfg.model``."""
-    run = saved_run_config(checkpoint)
-    if run is not None:
-        info(f"Model config from the checkpoint's run: {run_config_path(checkpoint)}")
-        return run.model
-    info(f"No run config at {run_config_path(checkpoint)}: using model={cfg.model.net._target_} from this command")
-    return cfg.model
 
 
 def evaluate_checkpoint(cfg: DictConfig) -> float | None:
@@ -47,18 +36,9 @@ def evaluate_checkpoint(cfg: DictConfig) -> float | None:
         JobFailedError: a process failed (reported as one line).
     """
     info(f"Run directory: {cfg.paths.output_dir}")
-    checkpoint = Path(cfg.ckpt_path).resolve()
     # The data set the model was trained on, not this command's default (already checked against
     # this command's overrides before the run directory existed: mnist_ddp.cli.preflight).
-    run = saved_run_config(checkpoint)
-    taken = data_set_of_run(cfg.data, run, checkpoint, HydraConfig.get().overrides.task)
-    if run is not None:
-        info(f"Data set of the checkpoint's run: {', '.join(taken) or 'the same as this command'}")
-    else:
-        info(
-            f"No run config at {run_config_path(checkpoint)}: evaluating on this command's data set "
-            f"(data.subdir={cfg.data.subdir}, data.mean={cfg.data.mean}, data.std={cfg.data.std})"
-        )
+    use_data_set_of_run(cfg, Path(cfg.ckpt_path).resolve())
     return run_job(evaluate, cfg).get("test/acc")
 
 

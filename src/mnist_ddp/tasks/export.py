@@ -1,0 +1,268 @@
+"""Export: what ``python -m mnist_ddp.export`` does, in one process.
+
+:func:`export_checkpoint` writes the network of a checkpoint, with the normalization of its
+training run inside, to a file that runs without this project: an ONNX model (``format=onnx``,
+for onnxruntime and other ONNX runtimes) or a ``torch.export`` program (``format=torch_export``,
+loaded with ``torch.export.load``). By default the file goes beside the checkpoint, named after it
+(``epoch_002.ckpt`` -> ``epoch_002.onnx`` / ``epoch_002.pt2``); ``output=<file>`` puts it elsewhere.
+
+The exported model's contract (:class:`PixelClassifier`):
+
+- input ``images``: ``(N, 1, 28, 28)`` uint8 gray levels 0..255, as the data set's IDX files hold
+  them (MNIST: a white digit on black), for any batch size ``N`` (a dynamic dimension);
+- output ``logits``: ``(N, 10)`` float32; softmax gives the class probabilities, argmax the class,
+  whose name is ``class_names[i]`` (the run's ``data.class_names``, also in the file's metadata:
+  ONNX ``metadata_props``, a ``torch.export`` extra file, both :data:`CLASS_NAMES_KEY`).
+
+The run's normalization, ``(pixel / 255 - data.mean) / data.std``, is computed inside the exported
+graph, so a consumer feeds raw pixels and needs nothing else from the run. The model and the data
+set keys are the checkpoint's run's, as for evaluation (:mod:`mnist_ddp.cli.saved_run`).
+
+The file is written under a temporary name beside its final path, loaded back (onnxruntime for
+ONNX, ``torch.export.load``) and run on :data:`CHECK_IMAGES` of the data set's test images; only when
+its logits equal the LightningModule's on them within :data:`TOLERANCE` is it given its name, and
+never over an existing file (:func:`publish`). A run directory (``logs/exports/<stamp>/``) keeps
+the command's config, its log and ``metrics.json`` (the file, the format, the difference found).
+"""
+
+import errno
+import importlib.util
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch import Tensor, nn
+
+from mnist_ddp.cli.job import METRICS_FILE
+from mnist_ddp.cli.outputs import write_json
+from mnist_ddp.cli.saved_run import model_config, use_data_set_of_run
+from mnist_ddp.cli.schema import ExportFormat
+from mnist_ddp.data.datamodule import normalize
+from mnist_ddp.errors import ConfigValueError, ExportError
+
+log = logging.getLogger(__name__)
+
+#: The file name suffix of each format, for the default output beside the checkpoint.
+SUFFIXES = {ExportFormat.onnx: ".onnx", ExportFormat.torch_export: ".pt2"}
+#: The packages each format needs beyond the project's own dependencies: the ``export`` extra.
+PACKAGES = {ExportFormat.onnx: ("onnx", "onnxruntime", "onnxscript"), ExportFormat.torch_export: ()}
+#: How many of the data set's test images the exported file is checked on.
+CHECK_IMAGES = 64
+#: The largest absolute difference between the file's logits and the LightningModule's it accepts.
+TOLERANCE = 1e-5
+#: The names of the graph's input and output.
+INPUT_NAME, OUTPUT_NAME = "images", "logits"
+#: The metadata key (ONNX) or extra file name (``torch.export``) of the class names, a JSON list.
+CLASS_NAMES_KEY = "class_names"
+
+
+class PixelClassifier(nn.Module):
+    """A network with its training run's normalization in front: what is exported.
+
+    Shapes: ``(N, 1, 28, 28)`` uint8 gray levels 0..255 -> normalized ``(N, 1, 28, 28)`` float32,
+    ``(pixel / 255 - mean) / std`` (:func:`~mnist_ddp.data.datamodule.normalize`, the training
+    images' own) -> ``net`` -> ``(N, 10)`` float32 logits.
+
+    Args:
+        net: the network (:mod:`mnist_ddp.models.networks`), in eval mode for export.
+        mean: the training pixels' mean on a 0..1 scale (the run's ``data.mean``).
+        std: their standard deviation (``data.std``).
+    """
+
+    def __init__(self, net: nn.Module, mean: float, std: float) -> None:
+        super().__init__()
+        self.net, self.mean, self.std = net, float(mean), float(std)
+
+    def forward(self, images: Tensor) -> Tensor:
+        """``(N, 1, 28, 28)`` uint8 pixels -> ``(N, 10)`` float32 logits."""
+        # normalize() takes (N, 28, 28) and adds the channel itself: the training images' one formula.
+        return self.net(normalize(images[:, 0], self.mean, self.std))
+
+
+def output_path(ckpt_path: str, export_format: ExportFormat, output: str | None) -> Path:
+    """Where the exported file goes: ``output`` when given, else beside the checkpoint, its name with
+    the format's suffix (:data:`SUFFIXES`)."""
+    return Path(output) if output is not None else Path(ckpt_path).with_suffix(SUFFIXES[export_format])
+
+
+def check_exporter(export_format: ExportFormat) -> None:
+    """Refuse a format whose packages (:data:`PACKAGES`, the ``export`` extra) are not installed,
+    found without importing them.
+
+    Raises:
+        ExportError: naming the missing packages and the extra that installs them.
+    """
+    if missing := [name for name in PACKAGES[export_format] if importlib.util.find_spec(name) is None]:
+        raise ExportError(
+            f"format={export_format.value} needs the packages {', '.join(PACKAGES[export_format])}, and "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
+            "pip install 'mnist-ddp[export]' (or format=torch_export, which needs nothing more)."
+        )
+
+
+def check_output(path: Path) -> None:
+    """Refuse an output path that exists: an export never replaces a file.
+
+    Raises:
+        ConfigValueError: naming it and the ways on.
+    """
+    if path.exists() or path.is_symlink():
+        raise ConfigValueError(
+            f"output={path} exists, and an export never overwrites a file. Give another output=<file>, "
+            "or move that one away first."
+        )
+
+
+def export_model(
+    model: PixelClassifier, export_format: ExportFormat, path: Path, example: Tensor, class_names: Sequence[str]
+) -> None:
+    """Write ``model`` to ``path`` in ``export_format`` (overwriting ``path``: :func:`export_checkpoint`
+    passes a temporary file), with a dynamic batch dimension and the class names as metadata.
+
+    Args:
+        model: what is exported, in eval mode.
+        export_format: ``onnx`` (``torch.onnx.export``, the dynamo exporter; one file, weights
+            inside) or ``torch_export`` (``torch.export.export`` and ``torch.export.save``).
+        path: the file to write.
+        example: ``(B, 1, 28, 28)`` uint8 images that the export traces the model on.
+        class_names: one per logit, stored in the file (:data:`CLASS_NAMES_KEY`).
+    """
+    batch = torch.export.Dim("batch")
+    dynamic_shapes = {INPUT_NAME: {0: batch}}
+    names = json.dumps(list(class_names))
+    if export_format is ExportFormat.onnx:
+        # The exporter's graph passes log every step at INFO, which would fill the job's log.
+        for name in ("onnxscript", "onnx_ir"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        program = torch.onnx.export(
+            model, (example,), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+            dynamic_shapes=dynamic_shapes, dynamo=True, verbose=False,
+        )  # fmt: skip
+        program.model.metadata_props[CLASS_NAMES_KEY] = names
+        program.save(path, external_data=False)  # one self-contained file (the weights are small)
+    else:
+        program = torch.export.export(model, (example,), dynamic_shapes=dynamic_shapes)
+        # Through a file object: named by its path, the archive's folder would take the path's name.
+        with open(path, "wb") as file:
+            torch.export.save(program, file, extra_files={CLASS_NAMES_KEY: names})
+
+
+def load_exported(export_format: ExportFormat, path: Path) -> Callable[[Tensor], Tensor]:
+    """Load an exported file back as the consumer would.
+
+    Returns:
+        A function of ``(N, 1, 28, 28)`` uint8 images to its ``(N, 10)`` float32 logits (on CPU):
+        an onnxruntime session (CPU execution provider), or the ``torch.export`` program's module.
+    """
+    if export_format is ExportFormat.onnx:
+        import onnxruntime  # the export extra: check_exporter has checked it is installed
+
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return lambda images: torch.from_numpy(session.run([OUTPUT_NAME], {INPUT_NAME: images.numpy()})[0])
+    module = torch.export.load(path).module()
+    return lambda images: module(images).detach()
+
+
+def check_exported(export_format: ExportFormat, path: Path, images: Tensor, expected: Tensor) -> float:
+    """Load the exported file and compare its logits on ``images`` with ``expected``.
+
+    Args:
+        export_format: the file's format.
+        path: the file.
+        images: ``(N, 1, 28, 28)`` uint8 images.
+        expected: ``(N, 10)`` float32 logits of the LightningModule on the same images, normalized
+            as in training.
+
+    Returns:
+        The largest absolute difference, at most :data:`TOLERANCE`.
+
+    Raises:
+        ExportError: when it is larger, naming it.
+    """
+    with torch.no_grad():
+        difference = (load_exported(export_format, path)(images) - expected).abs().max().item()
+    if not difference <= TOLERANCE:  # written so that a NaN fails too
+        raise ExportError(
+            f"the exported {export_format.value} model computes other logits than the checkpoint's model: max "
+            f"|difference| {difference:.3g} on {len(images)} test images (at most {TOLERANCE:g} allowed). Try the "
+            "other format, or another torch / onnxruntime version."
+        )
+    return difference
+
+
+def publish(temporary: Path, path: Path) -> None:
+    """Give the complete file ``temporary`` its final name ``path`` too (the caller then removes the
+    temporary name), never over an existing file: a hard link, which fails when ``path`` exists,
+    so that a file created meanwhile is not lost and ``path`` is never seen half-written. Where
+    the filesystem has no hard links, a rename after a check.
+
+    Raises:
+        ConfigValueError: when ``path`` exists (:func:`check_output`).
+    """
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        check_output(path)  # raises, naming it
+        raise
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP):
+            raise
+        check_output(path)
+        os.replace(temporary, path)
+
+
+def export_checkpoint(cfg: DictConfig) -> dict:
+    """Export the checkpoint ``cfg.ckpt_path`` in ``cfg.format`` (see the module's docstring), check
+    the file, and write ``metrics.json`` into the run directory.
+
+    Returns:
+        ``output`` (the file), ``format``, ``checkpoint``, ``max_abs_difference`` (of its logits
+        from the LightningModule's) and ``check_images`` (how many test images were compared).
+
+    Raises:
+        ExportError: when the file's logits differ by more than :data:`TOLERANCE`; then nothing is
+            written (the temporary file is removed).
+        ConfigValueError: when the output file appeared since the command line was checked.
+    """
+    log.info(f"Run directory: {cfg.paths.output_dir}")
+    checkpoint = Path(cfg.ckpt_path).resolve()
+    export_format = ExportFormat(cfg.format)
+    output = output_path(cfg.ckpt_path, export_format, cfg.output).resolve()
+    use_data_set_of_run(cfg, checkpoint)
+    module = instantiate(model_config(cfg, checkpoint))
+    # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.
+    module.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"])
+    module.eval()
+    mean, std = cfg.data.mean, cfg.data.std
+    # A copy: a view would carry the whole test set into the torch.export file's example inputs.
+    pixels = instantiate(cfg.data).test_pixels()[:CHECK_IMAGES].clone()
+    with torch.no_grad():
+        expected = module(normalize(pixels, mean, std))
+    images = pixels.unsqueeze(1)
+    # Beside the output, so that publishing it is a link within one filesystem; hidden while it is
+    # checked; created by the exporter, with the permissions of any new file (mkstemp's are 0600);
+    # with the format's suffix, which torch.export.load wants.
+    output.parent.mkdir(parents=True, exist_ok=True)
+    temporary = output.with_name(f".{output.name}.{os.getpid()}.tmp{SUFFIXES[export_format]}")
+    try:
+        exported = PixelClassifier(module.net, mean, std).eval()
+        export_model(exported, export_format, temporary, images, cfg.data.class_names)
+        difference = check_exported(export_format, temporary, images, expected)
+        publish(temporary, output)
+    finally:
+        temporary.unlink(missing_ok=True)
+    metrics = {
+        "output": str(output), "format": export_format.value, "checkpoint": str(checkpoint),
+        "max_abs_difference": difference, "check_images": len(images),
+    }  # fmt: skip
+    write_json(Path(cfg.paths.output_dir) / METRICS_FILE, {"status": "completed", **metrics})
+    log.info(
+        f"Exported {checkpoint} to {output} (format={export_format.value}): its logits on {len(images)} test images "
+        f"differ from the checkpoint's model by at most {difference:.2g}"
+    )
+    return metrics

@@ -1,0 +1,176 @@
+"""``python -m mnist_ddp.predict`` and ``python -m mnist_ddp.export`` end to end: the real command
+lines in subprocesses, prediction with 2 gloo processes, on real MNIST test images.
+
+Kept cheap (the file takes about a minute on 2 cores): nothing is trained through the command
+line, the training run they use is made in process in seconds, as ``mnist_ddp.train`` leaves one
+(its ``.hydra/config.yaml`` and ``checkpoints/last.ckpt``); both inputs are predicted by one ``-m``
+sweep (one command's start-up), which runs at the same time as the export.
+"""
+
+import csv
+import gzip
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+from conftest import REPO, cli_command, cli_env, only, ranks_in_log, run_cli, write_idx
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from torchvision.io import write_png
+
+from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.data.datamodule import normalize
+from mnist_ddp.data.idx import IMAGES_KIND, MNIST_FILES, read_idx_file
+
+#: The run's own model and normalization, both other than the commands' defaults (CNN, 0.1307 / 0.3081):
+#: a command that took its own would fail the checkpoint's check, or predict other probabilities.
+RUN_OVERRIDES = ["model=mlp", "data.mean=0.2", "data.std=0.4"]
+#: An odd count: the two replicas' shards differ in size (51 and 50).
+IDX_IMAGES = 101
+
+
+@pytest.fixture(scope="module")
+def run(mnist_data_dir, tmp_path_factory) -> Path:
+    """A training run's directory: an MLP trained 30 steps on real MNIST in this process."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"data.data_dir={mnist_data_dir}", *RUN_OVERRIDES])
+    L.seed_everything(0)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=30, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+                        num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
+    trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data))
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")  # as Hydra saves it: unresolved
+    trainer.save_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def test_pixels(mnist_data_dir) -> torch.Tensor:
+    """The first 101 real MNIST test images, ``(101, 28, 28)`` uint8."""
+    return read_idx_file(mnist_data_dir / "MNIST" / "raw" / MNIST_FILES["test_images"], 3, IMAGES_KIND)[:IDX_IMAGES]
+
+
+def reference(run: Path, pixels: torch.Tensor) -> tuple[list[int], list[float]]:
+    """The classes and their probabilities of the run's checkpoint on ``pixels``, in this process."""
+    cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
+    model = instantiate(cfg.model)
+    model.load_state_dict(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
+    with torch.no_grad():
+        probabilities, classes = model.eval()(normalize(pixels, cfg.data.mean, cfg.data.std)).softmax(dim=1).max(dim=1)
+    return classes.tolist(), probabilities.tolist()
+
+
+@dataclass
+class Commands:
+    """What the fixture :func:`commands` ran: each command's result, and where."""
+
+    predict: subprocess.CompletedProcess
+    export: subprocess.CompletedProcess
+    #: The inputs of the sweep's jobs: a folder of PNGs, an IDX file.
+    inputs: list[Path]
+    #: The names of the PNGs by their index in ``test_pixels``.
+    png_names: list[str]
+    #: The folder with the inputs and each command's ``paths.log_dir`` (``predict/``, ``export/``).
+    root: Path
+    #: The export's overrides, for running it again.
+    export_command: tuple[str, ...]
+
+
+@pytest.fixture(scope="module")
+def commands(run, test_pixels, mnist_data_dir, tmp_path_factory) -> Commands:
+    """``python -m mnist_ddp.predict -m`` with 2 processes per job over two inputs, and
+    ``python -m mnist_ddp.export format=onnx``, started together: they share only the checkpoint,
+    and on 2 cores the one's single-process phases (start-up, checks) fill the other's."""
+    root = tmp_path_factory.mktemp("commands")
+    # A folder of 10 PNGs, some in a subfolder; an IDX file of 101 images, gzipped as MNIST ships.
+    names = [f"{'sub/' if index % 3 == 0 else ''}digit_{index:02d}.png" for index in range(10)]
+    for name, image in zip(names, test_pixels):
+        (root / "pngs" / name).parent.mkdir(parents=True, exist_ok=True)
+        write_png(image.unsqueeze(0), str(root / "pngs" / name))
+    write_idx(root / "images-idx3-ubyte", test_pixels.numpy())
+    (root / "images-idx3-ubyte.gz").write_bytes(gzip.compress((root / "images-idx3-ubyte").read_bytes()))
+    inputs = [root / "pngs", root / "images-idx3-ubyte.gz"]
+    checkpoint = f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"
+    export_command = (checkpoint, f"data.data_dir={mnist_data_dir}", "format=onnx")
+    command_lines = {
+        "predict": ("-m", "trainer.accelerator=cpu", "trainer.devices=2", checkpoint, f"input={inputs[0]},{inputs[1]}"),
+        "export": export_command,
+    }
+    started = [
+        subprocess.Popen(
+            cli_command(*overrides, log_dir=root / name, module=f"mnist_ddp.{name}"),
+            cwd=REPO,
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, overrides in command_lines.items()
+    ]
+    # communicate() reads both pipes to the end, so that neither command blocks on a full one.
+    outputs = [process.communicate(timeout=600) for process in started]
+    predict, export = (
+        subprocess.CompletedProcess(process.args, process.returncode, *output)
+        for process, output in zip(started, outputs)
+    )
+    return Commands(predict, export, inputs, names, root, export_command)
+
+
+def check_rows(rows: list[dict], names: list[str], expected: tuple[list[int], list[float]]) -> None:
+    # One row per input, none twice, in input order; the classes and probabilities of the checkpoint.
+    assert [row["input"] for row in rows] == names
+    classes, probabilities = expected
+    assert [int(row["class_index"]) for row in rows] == classes
+    assert [row["class_name"] for row in rows] == [str(index) for index in classes]
+    assert [float(row["probability"]) for row in rows] == pytest.approx(probabilities, abs=1e-6)
+    assert all(0 < float(row["probability"]) <= 1 for row in rows)
+
+
+def test_predict_with_two_processes_gives_each_input_one_row_in_order(commands, run, test_pixels):
+    result = commands.predict
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    tables = []
+    for job, input in enumerate(commands.inputs):
+        job_dir = only(commands.root / "predict" / "multiruns") / str(job)
+        metrics = json.loads((job_dir / "metrics.json").read_text())
+        assert metrics["status"] == "completed" and metrics["input"] == str(input) and metrics["world_size"] == 2
+        assert ranks_in_log(job_dir, "predict") == {0, 1}
+        with open(job_dir / "predictions.csv", newline="") as file:
+            tables.append(list(csv.DictReader(file)))
+    # The folder's rows by the files' paths, sorted (subfolder last); the IDX file's by index.
+    order = sorted(range(len(commands.png_names)), key=lambda index: commands.png_names[index])
+    check_rows(tables[0], [commands.png_names[index] for index in order], reference(run, test_pixels[order]))
+    check_rows(tables[1], [str(index) for index in range(IDX_IMAGES)], reference(run, test_pixels))
+
+
+def test_export_to_onnx_writes_a_checked_file_and_refuses_to_overwrite_it(commands, run, test_pixels):
+    result = commands.export
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    exported = run / "checkpoints" / "last.onnx"  # beside the checkpoint, named after it
+    metrics = json.loads((only(commands.root / "export" / "exports") / "metrics.json").read_text())
+    assert metrics["output"] == str(exported) and metrics["max_abs_difference"] <= 1e-5
+    assert metrics["check_images"] == 64
+    # What the docs promise: raw uint8 pixels in, the run's normalization inside, logits out.
+    session = onnxruntime.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(["logits"], {"images": test_pixels[:5].unsqueeze(1).numpy()})
+    classes, _ = reference(run, test_pixels[:5])
+    assert logits.shape == (5, 10) and np.argmax(logits, axis=1).tolist() == classes
+    content = exported.read_bytes()
+
+    again = commands.root / "again"
+    result = run_cli(*commands.export_command, log_dir=again, module="mnist_ddp.export")
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"Error: output={exported} exists, and an export never overwrites a file."), (
+        result.stderr[-3000:]
+    )
+    assert exported.read_bytes() == content and not again.exists()
