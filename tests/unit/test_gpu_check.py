@@ -8,12 +8,13 @@ executor runs stand-in commands (small Python programs that pass, fail or hang) 
 runs; the refusal is real (this machine has no CUDA). The GPU runs themselves are `make gpu-check`'s.
 """
 
-import _thread
 import argparse
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -204,19 +205,37 @@ def test_a_timeout_stops_every_process_the_command_started(tmp_path):
 
 
 def test_an_interrupted_check_stops_the_running_step_and_says_where_it_was(tmp_path):
-    # Ctrl-C here; SIGTERM takes the same path (main() turns it into SystemExit).
-    code = "import subprocess, sys, time; print(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True).pid, flush=True); time.sleep(60)"  # noqa: E501
-    steps = [Step("long", "runs until interrupted", 60, [python(code)]), Step("next", "never starts", 60, [])]
-    results = Results(tmp_path / "gpu_check.md", HEADER, steps, tmp_path / "logs")
-    threading.Timer(1.0, _thread.interrupt_main).start()
-    with pytest.raises(KeyboardInterrupt):
-        gpu_check.execute(steps[0], results, time.monotonic() + 600, grace_s=0.5)
+    # A real Ctrl-C (SIGINT) to a process running a step, whose main thread gets it as a user's
+    # would (a pytest-xdist worker runs its tests outside the main thread); SIGTERM takes the same
+    # path (main() turns it into SystemExit).
+    grandchild = "import subprocess, sys, time; print(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True).pid, flush=True); time.sleep(60)"  # noqa: E501
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(REPO)!r})
+from benchmarks import gpu_check
+from benchmarks.gpu_check import Results, Step
+steps = [Step("long", "runs until interrupted", 60, [[sys.executable, "-c", {grandchild!r}]]),
+         Step("next", "never starts", 60, [])]
+results = Results(gpu_check.Path({str(tmp_path / "gpu_check.md")!r}), {HEADER!r}, steps,
+                  gpu_check.Path({str(tmp_path / "logs")!r}))
+try:
+    gpu_check.execute(steps[0], results, time.monotonic() + 600, grace_s=0.5)
+except KeyboardInterrupt:
     results.finish(1.5, stopped=True)
+    sys.exit(130)
+"""
+    check = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+    log = tmp_path / "logs" / "long.log"
+    deadline = time.monotonic() + 120
+    while not (log.is_file() and log.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(check.pid, signal.SIGINT)
+    assert check.wait(timeout=60) == 130
     recorded = json.loads((tmp_path / "gpu_check.json").read_text())
     assert recorded["steps"]["long"]["status"] == "interrupted" and recorded["steps"]["next"]["status"] == "pending"
     assert recorded["stopped"] and not recorded["finished"]
     assert "**stopped** after 2 s" in (tmp_path / "gpu_check.md").read_text()
-    assert not gpu_check.alive(int((tmp_path / "logs" / "long.log").read_text().split()[0]))
+    assert not gpu_check.alive(int(log.read_text().split()[0])), "the step's own child is stopped too"
 
 
 def write_bn_stats(run_dir: Path, per_rank_shift: float, layer: type[nn.Module]) -> None:

@@ -12,6 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
 
 from mnist_ddp.cli.command_line import check_command_line
 from mnist_ddp.cli.compose import composed_jobs
@@ -42,7 +43,9 @@ def test_the_logger_group_composes_several_trackers_each_under_its_own_key(tmp_p
         composed_jobs("config", ["logger=mlflow", "logger.mlflow.trackinguri=http://x"])
 
 
-def test_a_restarted_run_continues_its_mlflow_run(tmp_path):
+def test_a_restarted_run_continues_its_mlflow_run(tmp_path, monkeypatch):
+    # As global rank 0, which writes trackers.json (an earlier test's Trainer may have set another rank).
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
     (tmp_path / "run").mkdir()
     cfg = logger_config(tmp_path, "logger=[tensorboard,mlflow]")
     first = build_loggers(cfg, tmp_path / "run", tmp_path)

@@ -11,9 +11,10 @@ import logging
 from pathlib import Path
 
 import lightning as L
+import yaml
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mnist_ddp.callbacks.run_summary import RunSummary
 from mnist_ddp.callbacks.signals import stop_on_signals
@@ -111,4 +112,6 @@ def job_overrides(run_dir: Path) -> list[str]:
     (none if it is missing): each process reads them there, since only the one that ran Hydra has
     Hydra's own record."""
     path = run_dir / ".hydra" / "overrides.yaml"
-    return [str(override) for override in OmegaConf.load(path)] if path.is_file() else []
+    # Read as YAML text, not through OmegaConf, which would resolve an override's own
+    # interpolation (out_dir=${paths.output_dir}/samples) against the list.
+    return [str(override) for override in yaml.safe_load(path.read_text())] if path.is_file() else []
