@@ -44,15 +44,15 @@ class Trial:
     world_size: int = 2
 
 
-# Every phase, each kind of fault in a worker and a SIGKILL of the command; ranks and steps drawn
-# below. A rank killed or raising while training, a SIGTERM to the command and a failed job of a
-# sweep have tests of their own (test_ddp_failures.py, test_resume.py, test_interrupts.py).
+# Each kind of fault in a worker and a SIGKILL of the command, over the phases; ranks and steps
+# drawn below. A rank killed or raising while training, a kill while a checkpoint is written, a
+# SIGTERM to the command and a failed job of a sweep have tests of their own
+# (test_ddp_failures.py, test_resume.py, test_interrupts.py).
 TRIALS = [
     Trial("start-up", "sigkill"),
-    Trial("setup", "raise", world_size=3),
+    Trial("setup", "raise"),
     Trial("train", "sigkill_supervisor"),
     Trial("validation", "sigterm"),
-    Trial("checkpoint", "sigkill"),
     Trial("test", "raise", world_size=3),
 ]
 

@@ -52,7 +52,6 @@ RUNS = {
         "strategy.process_group_backend=gloo", "lr_scaling.rule=linear", "lr_scaling.reference_batch_size=24",
     ],
     "ws2_fp16": ["trainer.devices=2", "strategy.comm_hook=fp16", "strategy.find_unused_parameters=true"],
-    "ws2_bf16": ["trainer.devices=2", "strategy.comm_hook=bf16"],
     "ws2_powersgd": ["trainer.devices=2", "strategy.comm_hook=powersgd", "strategy.powersgd_start_iter=2"],
 }  # fmt: skip
 
@@ -205,8 +204,8 @@ def test_linear_lr_scaling_doubles_the_rate_for_twice_the_reference_batch(run):
 @pytest.mark.parametrize(
     ("name", "hook", "at_most"),
     [
+        # bf16 takes the same path (strategy.py: one of torch's compress hooks), in another dtype.
         ("ws2_fp16", "fp16_compress_hook", 1e-2),
-        ("ws2_bf16", "bf16_compress_hook", 1e-1),
         ("ws2_powersgd", "powerSGD_hook", None),
     ],
 )

@@ -3,12 +3,11 @@ lines in subprocesses, prediction with 2 gloo processes, on real MNIST test imag
 
 Kept cheap (the file takes about a minute on 2 cores): nothing is trained through the command
 line, the training run they use is made in process in seconds, as ``mnist_ddp.train`` leaves one
-(its ``.hydra/config.yaml`` and ``checkpoints/last.ckpt``); both inputs are predicted by one ``-m``
-sweep (one command's start-up), which runs at the same time as the export.
+(its ``.hydra/config.yaml`` and ``checkpoints/last.ckpt``); the prediction runs at the same time as
+the export. Reading an IDX file (gzipped too) as the input: unit/test_predict_export.py.
 """
 
 import csv
-import gzip
 import json
 import subprocess
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
-from conftest import REPO, cli_command, cli_env, only, ranks_in_log, run_cli, write_idx
+from conftest import REPO, cli_command, cli_env, only, ranks_in_log, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -32,8 +31,8 @@ from mnist_ddp.data.idx import IMAGES_KIND, MNIST_FILES, read_idx_file
 #: The run's own model and normalization, both other than the commands' defaults (CNN, 0.1307 / 0.3081):
 #: a command that took its own would fail the checkpoint's check, or predict other probabilities.
 RUN_OVERRIDES = ["model=mlp", "data.mean=0.2", "data.std=0.4"]
-#: An odd count: the two replicas' shards differ in size (51 and 50).
-IDX_IMAGES = 101
+#: An odd count: the two replicas' shards differ in size (6 and 5).
+IMAGES = 11
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +55,8 @@ def run(mnist_data_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def test_pixels(mnist_data_dir) -> torch.Tensor:
-    """The first 101 real MNIST test images, ``(101, 28, 28)`` uint8."""
-    return read_idx_file(mnist_data_dir / "MNIST" / "raw" / MNIST_FILES["test_images"], 3, IMAGES_KIND)[:IDX_IMAGES]
+    """The first 64 real MNIST test images, ``(64, 28, 28)`` uint8."""
+    return read_idx_file(mnist_data_dir / "MNIST" / "raw" / MNIST_FILES["test_images"], 3, IMAGES_KIND)[:64]
 
 
 def reference(run: Path, pixels: torch.Tensor) -> tuple[list[int], list[float]]:
@@ -76,8 +75,8 @@ class Commands:
 
     predict: subprocess.CompletedProcess
     export: subprocess.CompletedProcess
-    #: The inputs of the sweep's jobs: a folder of PNGs, an IDX file.
-    inputs: list[Path]
+    #: The input: a folder of PNGs.
+    input: Path
     #: The names of the PNGs by their index in ``test_pixels``.
     png_names: list[str]
     #: The folder with the inputs and each command's ``paths.log_dir`` (``predict/``, ``export/``).
@@ -88,22 +87,19 @@ class Commands:
 
 @pytest.fixture(scope="module")
 def commands(run, test_pixels, mnist_data_dir, tmp_path_factory) -> Commands:
-    """``python -m mnist_ddp.predict -m`` with 2 processes per job over two inputs, and
+    """``python -m mnist_ddp.predict`` with 2 processes on a folder of PNGs, and
     ``python -m mnist_ddp.export format=onnx``, started together: they share only the checkpoint,
     and on 2 cores the one's single-process phases (start-up, checks) fill the other's."""
     root = tmp_path_factory.mktemp("commands")
-    # A folder of 10 PNGs, some in a subfolder; an IDX file of 101 images, gzipped as MNIST ships.
-    names = [f"{'sub/' if index % 3 == 0 else ''}digit_{index:02d}.png" for index in range(10)]
+    # A folder of 11 PNGs, some in a subfolder.
+    names = [f"{'sub/' if index % 3 == 0 else ''}digit_{index:02d}.png" for index in range(IMAGES)]
     for name, image in zip(names, test_pixels):
         (root / "pngs" / name).parent.mkdir(parents=True, exist_ok=True)
         write_png(image.unsqueeze(0), str(root / "pngs" / name))
-    write_idx(root / "images-idx3-ubyte", test_pixels.numpy())
-    (root / "images-idx3-ubyte.gz").write_bytes(gzip.compress((root / "images-idx3-ubyte").read_bytes()))
-    inputs = [root / "pngs", root / "images-idx3-ubyte.gz"]
     checkpoint = f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"
     export_command = (checkpoint, f"data.data_dir={mnist_data_dir}", "format=onnx")
     command_lines = {
-        "predict": ("-m", "trainer.accelerator=cpu", "trainer.devices=2", checkpoint, f"input={inputs[0]},{inputs[1]}"),
+        "predict": ("trainer.accelerator=cpu", "trainer.devices=2", checkpoint, f"input={root / 'pngs'}"),
         "export": export_command,
     }
     started = [
@@ -123,7 +119,7 @@ def commands(run, test_pixels, mnist_data_dir, tmp_path_factory) -> Commands:
         subprocess.CompletedProcess(process.args, process.returncode, *output)
         for process, output in zip(started, outputs)
     )
-    return Commands(predict, export, inputs, names, root, export_command)
+    return Commands(predict, export, root / "pngs", names, root, export_command)
 
 
 def check_rows(rows: list[dict], names: list[str], expected: tuple[list[int], list[float]]) -> None:
@@ -139,18 +135,15 @@ def check_rows(rows: list[dict], names: list[str], expected: tuple[list[int], li
 def test_predict_with_two_processes_gives_each_input_one_row_in_order(commands, run, test_pixels):
     result = commands.predict
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    tables = []
-    for job, input in enumerate(commands.inputs):
-        job_dir = only(commands.root / "predict" / "multiruns") / str(job)
-        metrics = json.loads((job_dir / "metrics.json").read_text())
-        assert metrics["status"] == "completed" and metrics["input"] == str(input) and metrics["world_size"] == 2
-        assert ranks_in_log(job_dir, "predict") == {0, 1}
-        with open(job_dir / "predictions.csv", newline="") as file:
-            tables.append(list(csv.DictReader(file)))
-    # The folder's rows by the files' paths, sorted (subfolder last); the IDX file's by index.
-    order = sorted(range(len(commands.png_names)), key=lambda index: commands.png_names[index])
-    check_rows(tables[0], [commands.png_names[index] for index in order], reference(run, test_pixels[order]))
-    check_rows(tables[1], [str(index) for index in range(IDX_IMAGES)], reference(run, test_pixels))
+    run_dir = only(commands.root / "predict" / "predictions")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["input"] == str(commands.input) and metrics["world_size"] == 2 and metrics["inputs"] == IMAGES
+    assert ranks_in_log(run_dir, "predict") == {0, 1}
+    with open(run_dir / "predictions.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    # The folder's rows by the files' paths, sorted (subfolder last).
+    order = sorted(range(IMAGES), key=lambda index: commands.png_names[index])
+    check_rows(rows, [commands.png_names[index] for index in order], reference(run, test_pixels[order]))
 
 
 def test_export_to_onnx_writes_a_checked_file_and_refuses_to_overwrite_it(commands, run, test_pixels):

@@ -126,6 +126,21 @@ def end_quietly_until_started() -> None:
         signal.signal(signum, lambda number, frame: os._exit(128 + number))
 
 
+def end_process_group() -> None:
+    """After the task: wait for every rank to finish its own, then destroy the process group.
+
+    A rank that exits with its process group alive while a peer still works (global rank 0 draws
+    the test figures after the others are done) was once killed by SIGABRT at interpreter exit,
+    "terminate called without an active exception" from the backend's threads; torch's documentation
+    asks for ``destroy_process_group()`` before a process exits.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main() -> None:
     """Run the job file's task in this process; see the module's docstring for how it ends."""
     # First, before the imports of torch and Lightning (seconds): a supervisor killed meanwhile
@@ -154,6 +169,7 @@ def main() -> None:
     task = getattr(importlib.import_module(module), function)
     try:
         task(config)
+        end_process_group()
     except SystemExit as stopped:
         if stopped.code in {128 + signum for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}:
             # Stopped by a signal: Lightning has torn the run down and its logger flushed, and the
