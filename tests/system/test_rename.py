@@ -8,7 +8,6 @@ own editable install, ``mnist_ddp``, is not importable there), with the renamed 
 into it editable by pip. Then the renamed project's ``make test`` runs a quick subset of its tests.
 """
 
-import json
 import re
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli_env, make_synthetic_mnist
+from conftest import REPO, cli_env
 
 # Joined here, not written out: the rename refuses a name that is already a word of the code.
 NEW_DIST, NEW_PACKAGE = "-".join(("acme", "vision")), "_".join(("acme", "vision"))
@@ -155,19 +154,18 @@ def test_the_renamed_projects_make_test_passes(installed):
     assert " passed" in summary and "failed" not in summary and "skipped" not in summary, summary
 
 
-def test_the_renamed_console_script_trains_with_two_processes(installed, tmp_path):
-    data_dir = make_synthetic_mnist(tmp_path / "data", n_train=700, n_test=100)
-    env = clean_env()
-    result = subprocess.run(
-        [str(installed / ".venv" / "bin" / f"{NEW_DIST}-train"), f"data.data_dir={data_dir}", "data.val_size=100",
-         "data.global_batch_size=40", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1",
-         f"paths.log_dir={tmp_path / 'logs'}"],
-        cwd=installed, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    (run_dir,) = (tmp_path / "logs" / "runs").iterdir()
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["world_size"] == 2 and metrics["test/acc"] >= 0.9, metrics
-    assert f"[rank 1][{NEW_PACKAGE}.tasks.train]" in (run_dir / "train.log").read_text(), (
-        "rank 1 ran the renamed package"
-    )
+def test_the_renamed_console_scripts_run_the_renamed_package(installed, tmp_path):
+    # Training itself is the renamed make test's (its configs instantiate the renamed classes) and
+    # every other system test's; here, the console scripts: each runs its renamed entry point,
+    # composes the renamed package's config and refuses a typo as the template's do.
+    # export has no trainer (one process): its typo is another key.
+    for command, typo in [("train", "trainer.devics"), ("eval", "trainer.devics"), ("predict", "trainer.devics"),
+                          ("export", "data.global_batch_sze")]:  # fmt: skip
+        result = subprocess.run(
+            [str(installed / ".venv" / "bin" / f"{NEW_DIST}-{command}"), f"+{typo}=2",
+             f"paths.log_dir={tmp_path / 'logs'}"],
+            cwd=installed, env=clean_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 1, (command, result.stdout[-2000:], result.stderr[-2000:])
+        assert result.stderr.startswith(f"Error: Unknown key {typo}"), (command, result.stderr[-2000:])
+    assert not (tmp_path / "logs").exists()

@@ -209,8 +209,11 @@ def test_an_interrupted_check_stops_the_running_step_and_says_where_it_was(tmp_p
     # would (a pytest-xdist worker runs its tests outside the main thread); SIGTERM takes the same
     # path (main() turns it into SystemExit).
     grandchild = "import subprocess, sys, time; print(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True).pid, flush=True); time.sleep(60)"  # noqa: E501
+    # The check as a user starts it from a shell: SIGINT raises KeyboardInterrupt (a pytest-xdist
+    # worker's children inherit SIGINT ignored, and Python then installs no handler of its own).
     script = f"""
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {str(REPO)!r})
 from benchmarks import gpu_check
 from benchmarks.gpu_check import Results, Step
