@@ -39,8 +39,20 @@ def test_the_logger_group_composes_several_trackers_each_under_its_own_key(tmp_p
     assert [key for key, node in cfg.items() if node] == ["csv", "mlflow", "wandb"]
     assert cfg.mlflow.tracking_uri == f"sqlite:///{tmp_path}/mlflow.db" and cfg.wandb.offline is True
     assert not any(logger_config(tmp_path, "logger=[]").values()), "logger=[]: no logger"
-    with pytest.raises(UsageError, match="^Unknown key logger.mlflow.trackinguri"):
-        composed_jobs("config", ["logger=mlflow", "logger.mlflow.trackinguri=http://x"])
+    # Found by a new user's tries: each refusal names the keys or options there are.
+    refusals = {
+        ("logger=mlflow", "logger.mlflow.trackinguri=x"): "Unknown key logger.mlflow.trackinguri (keys of "
+        "logger.mlflow: _target_, artifact_location, experiment_name, log_model, run_name, tags, tracking_uri). "
+        "Did you mean logger.mlflow.tracking_uri?",
+        ("logger.mlflow.trackinguri=x",): "logger.mlflow.trackinguri: logger.mlflow is not selected, so it has no "
+        "keys to set; select it first: logger=mlflow, or logger=[tensorboard,mlflow] for both.",
+        ("logger=[csv,nonexistent]",): "logger=nonexistent: no such option in conf/logger/ (available: csv, mlflow, "
+        "tensorboard, wandb).",
+    }
+    for overrides, message in refusals.items():
+        with pytest.raises(UsageError) as error:
+            composed_jobs("config", list(overrides))
+        assert str(error.value) == message
 
 
 def test_a_restarted_run_continues_its_mlflow_run(tmp_path, monkeypatch):

@@ -88,10 +88,15 @@ def _compose(config_name: str, overrides: list[str]) -> DictConfig:
         cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
     except MissingConfigException as error:
         group, _, option = (error.missing_cfg_file or "").rpartition("/")
-        allowed = ", ".join(error.options or [])
-        raise UsageError(f"{group}={option}: no such option in conf/{group}/ (available: {allowed}).") from None
+        # Hydra lists the options for a single choice (logger=x), not for one inside a list (logger=[csv,x]).
+        options = error.options or sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+        raise UsageError(
+            f"{group}={option}: no such option in conf/{group}/ (available: {', '.join(options)})."
+        ) from None
     except (ConfigCompositionException, HydraException, OmegaConfBaseException) as error:
         raise UsageError(_describe(error, compose(config_name))) from None
+    except AssertionError:  # OmegaConf.update under a null node: a key of a logger not selected
+        raise UsageError(_under_null_node(overrides, compose(config_name))) from None
     if unknown := unknown_keys(cfg):
         raise UsageError(_unknown_key(unknown[0], cfg))
     missing = missing_values(cfg)
@@ -184,11 +189,31 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     return found
 
 
+def _declared_type(cfg: DictConfig, key: str) -> type | None:
+    """The schema type declared for ``key`` in ``cfg``, even where its value is null (a logger not selected)."""
+    holder_key, _, name = key.rpartition(".")
+    holder = OmegaConf.select(cfg, holder_key) if holder_key else cfg
+    node = holder._get_node(name) if isinstance(holder, DictConfig) and name in holder else None
+    return node._metadata.ref_type if node is not None else None
+
+
+def _under_null_node(overrides: Sequence[str], defaults: DictConfig) -> str:
+    """The message for an override that sets a key under a node that is null in ``defaults``."""
+    for override in overrides:
+        key = override.lstrip("+~").partition("=")[0]
+        parent = key.rpartition(".")[0]
+        if parent and "." in parent and OmegaConf.select(defaults, parent) is None:
+            group, _, option = parent.rpartition(".")
+            return (f"{key}: {parent} is not selected, so it has no keys to set; select it first: "
+                    f"{group}={option}, or {group}=[tensorboard,{option}] for both.")  # fmt: skip
+    return "the command line sets a key under a node that is null in the config."
+
+
 def _unknown_key(key: str, cfg: DictConfig) -> str:
     """The message for ``key``, which ``cfg`` (its schema) does not have: the keys it could be."""
     parent, _, name = key.rpartition(".")
     node = OmegaConf.select(cfg, parent) if parent else cfg
-    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else _declared_type(cfg, parent)
     if parent == "trainer":
         keys = sorted(trainer_arguments())
         allowed = "trainer takes the arguments of lightning.pytorch.Trainer"
