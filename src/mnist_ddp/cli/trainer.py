@@ -61,9 +61,7 @@ def build_trainer(
         accelerator=accelerator,
         devices=devices,
         strategy=instantiate(cfg.strategy),
-        logger=list(loggers)
-        if loggers is not None
-        else build_loggers(cfg.logger, Path(cfg.paths.output_dir), Path(cfg.paths.log_dir)),
+        logger=list(loggers),
         callbacks=callbacks,
     )
     check_device_options(

@@ -67,7 +67,7 @@ def build_loggers(config: DictConfig, run_dir: Path, log_dir: Path, purge_step: 
             options["name"] = node.get("name") or run_name
             if saved_id := saved.get(key, {}).get("id"):
                 options |= {"id": saved_id, "resume": "allow"}
-        with _store_lock(options.get("tracking_uri", node.get("tracking_uri"))):
+        with _store_lock(node.get("tracking_uri")):
             loggers.append(instantiate(node, **options))
     return loggers
 
