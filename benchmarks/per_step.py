@@ -16,9 +16,12 @@ there; ``--gpu`` insists on them, one process per GPU), for ``--steps`` optimize
 
 Each for two models: ``tiny`` (Flatten + Linear 784 -> 10, ``model=mlp model.net.hidden=[]
 model.net.dropout=0``), too small to hide anything, and ``cnn`` (the fast recipe's,
-``experiment=fast``). Rank 0 times its training loop (from the first batch to the end of the last
-optimizer step: :class:`benchmarks.probe.LoopTimer`, and the reference's own timer); a figure is
-that time over the steps, the median over ``--repeats`` runs, the programs interleaved.
+``experiment=fast``). Each run takes ``--warmup`` steps more, left out of its figure: rank 0 times
+its training loop from the start of the first step after the warm-up to the end of the last
+optimizer step (:class:`benchmarks.probe.LoopTimer`, and the reference's own timer), so what runs
+once (the first step's allocations, the template's input-batch figure, a GPU's compilation) stays
+out of the cost per step; the end-to-end table of ``benchmarks.run`` counts it. A figure is that
+time over ``--steps``, the median over ``--repeats`` runs, the programs interleaved.
 
 The table goes to ``--out`` and, with ``--page``, into a Markdown page between its per-step markers.
 """
@@ -56,8 +59,9 @@ LABELS = {
 
 
 def command(program: str, model: str, run_dir: Path, data_dir: Path, options: argparse.Namespace) -> list[str]:
-    """The command line of one run of ``program`` with ``model``, writing its timer into ``run_dir``."""
-    steps, nproc = str(options.steps), options.nproc
+    """The command line of one run of ``program`` with ``model`` (``--warmup`` + ``--steps`` optimizer
+    steps), writing its timer into ``run_dir``."""
+    steps, nproc = str(options.warmup + options.steps), options.nproc
     if program == "raw":
         reference = str(REPO / "benchmarks" / "reference_ddp.py")
         return [*torchrun(nproc), reference, "--data-dir", str(data_dir), "--model", model, "--gather",
@@ -74,10 +78,12 @@ def command(program: str, model: str, run_dir: Path, data_dir: Path, options: ar
 
 
 def ms_per_step(program: str, model: str, run_dir: Path, data_dir: Path, options: argparse.Namespace) -> float:
-    """Runs one program to its end; returns rank 0's training-loop time over its steps (ms).
+    """Runs one program to its end; returns rank 0's time per optimizer step after the warm-up (ms):
+    from the start of step ``--warmup`` (0-based) to the end of the last, over ``--steps``.
 
     Raises:
-        RuntimeError: if the program exits non-zero, or ran another number of steps than ``--steps``.
+        RuntimeError: if the program exits non-zero, or ran another number of steps than
+            ``--warmup`` + ``--steps``.
     """
     run_dir.mkdir(parents=True)
     done = subprocess.run(command(program, model, run_dir, data_dir, options), cwd=REPO, env=harness_env(),
@@ -87,9 +93,10 @@ def ms_per_step(program: str, model: str, run_dir: Path, data_dir: Path, options
     timer = json.loads((run_dir / "loop-timer-rank0.json").read_text())
     # The reference counts the samples of every process, LoopTimer those of its own rank.
     per_step = GLOBAL_BATCH if program == "raw" else GLOBAL_BATCH // options.nproc
-    if timer["train_samples"] != options.steps * per_step:
-        raise RuntimeError(f"{program} ({model}) ran {timer['train_samples'] / per_step:g} steps, not {options.steps}")
-    return 1000 * timer["train_loop_s"] / options.steps
+    total = options.warmup + options.steps
+    if timer["train_samples"] != total * per_step or len(timer["batch_starts_s"]) != total:
+        raise RuntimeError(f"{program} ({model}) ran {timer['train_samples'] / per_step:g} steps, not {total}")
+    return 1000 * (timer["train_loop_s"] - timer["batch_starts_s"][options.warmup]) / options.steps
 
 
 def table(runs: dict[str, dict[str, list[float]]]) -> str:
@@ -114,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=REPO / "data", help="folder with MNIST/raw/ (default: data)")
     parser.add_argument("--models", nargs="+", choices=list(TEMPLATE_MODEL), default=list(TEMPLATE_MODEL))
-    parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps timed per run (default 300)")
+    parser.add_argument("--warmup", type=int, default=20, help="optimizer steps run before the timed ones (default 20)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per program and model (default 3)")
     parser.add_argument("--nproc", type=int, default=2, help="DDP processes per program (default 2)")
     parser.add_argument("--gpu", action="store_true", help="on CUDA GPUs over NCCL, one process per GPU")
@@ -144,9 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     invocation = "python -m benchmarks.per_step " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (
         f"Measured {date.today()} on {len(os.sched_getaffinity(0))} CPU cores, torch {torch.__version__}, "
-        f"{args.nproc} {kind}, real MNIST, global batch {GLOBAL_BATCH}, {args.steps} optimizer steps per run, with "
-        f"`{invocation.strip()}`. Milliseconds per optimizer step on rank 0, the median of {args.repeats} runs per "
-        f"program (interleaved):\n\n{table(runs)}\n"
+        f"{args.nproc} {kind}, real MNIST, global batch {GLOBAL_BATCH}, {args.steps} optimizer steps timed per run "
+        f"after {args.warmup} warm-up steps, with `{invocation.strip()}`. Milliseconds per optimizer step on rank 0, "
+        f"the median of {args.repeats} runs per program (interleaved):\n\n{table(runs)}\n"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

@@ -24,6 +24,8 @@ class LoopTimer(L.Callback):
       was fetched and before its forward pass, as in ``benchmarks/reference_ddp.py``;
     - ``train_loop_s``: from then to the end of the last optimizer step (seconds, this rank's
       clock; validation runs after the last step, so it is outside);
+    - ``batch_starts_s``: when each training batch started, in seconds after the first (one per
+      batch), so that a harness can leave out warm-up steps;
     - ``train_samples``: training samples this rank ran in that time;
     - ``peak_rss_mib``: this process's peak resident set size so far (``ru_maxrss``, MiB);
     - ``torch_threads``: ``torch.get_num_threads()``, the intra-op threads this process computed with.
@@ -36,10 +38,13 @@ class LoopTimer(L.Callback):
         self.dirpath = Path(dirpath)
         self.first_step = self.first_step_unix = self.last_step_end = None
         self.samples = 0
+        self.batch_starts: list[float] = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        now = time.perf_counter()
         if self.first_step is None:
-            self.first_step, self.first_step_unix = time.perf_counter(), time.time()
+            self.first_step, self.first_step_unix = now, time.time()
+        self.batch_starts.append(now - self.first_step)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         if pl_module.device.type == "cuda":
@@ -53,6 +58,7 @@ class LoopTimer(L.Callback):
             "first_step_unix": self.first_step_unix,
             "train_loop_s": self.last_step_end - self.first_step,
             "train_samples": self.samples,
+            "batch_starts_s": self.batch_starts,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
             "torch_threads": torch.get_num_threads(),
         }

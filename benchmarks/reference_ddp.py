@@ -17,6 +17,7 @@ Global rank 0 writes its timings to ``--out`` (JSON):
 - ``first_step_unix``: when the first batch's forward pass started (Unix time, seconds);
 - ``train_loop_s``: from then to the end of the last optimizer step (seconds, rank 0's clock);
 - ``train_samples``: training samples over all processes in that time;
+- ``batch_starts_s``: when each batch's forward pass started, in seconds after the first;
 - ``val_acc``, ``test_acc``; ``peak_rss_mib``: every rank's peak resident set size (MiB).
 """
 
@@ -121,7 +122,7 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.01, total_steps=steps_per_epoch * args.epochs)
 
     first_step = first_step_unix = None
-    samples = 0
+    samples, batch_starts = 0, []
     for epoch in range(args.epochs):
         model.train()
         sampler.set_epoch(epoch)
@@ -129,8 +130,10 @@ def main() -> None:
             if step == steps_per_epoch:
                 break
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            now = time.perf_counter()
             if first_step is None:
-                first_step, first_step_unix = time.perf_counter(), time.time()
+                first_step, first_step_unix = now, time.time()
+            batch_starts.append(now - first_step)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
                 loss = F.cross_entropy(model(images), labels)
             optimizer.zero_grad()
@@ -154,6 +157,7 @@ def main() -> None:
             "first_step_unix": first_step_unix,
             "train_loop_s": train_loop_s,
             "train_samples": samples,
+            "batch_starts_s": batch_starts,
             "val_acc": val_acc,
             "test_acc": test_acc,
             "peak_rss_mib": [t.item() for t in all_rss],

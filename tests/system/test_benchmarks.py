@@ -13,7 +13,7 @@ from conftest import REPO, cli_env, make_synthetic_mnist
 
 from benchmarks.per_step import PER_STEP_END, PER_STEP_START
 
-STEPS = 4  # optimizer steps per run in the smoke test
+STEPS, WARMUP = 4, 2  # optimizer steps per run in the smoke test: timed, and run before them
 GLOBAL_BATCH = 64  # the fast recipe's
 
 
@@ -57,17 +57,25 @@ def run_harness(tmp_path: Path, module: str, markers: tuple[str, str], *args: st
 def test_per_step_table_holds_each_programs_milliseconds_and_their_ratios(tmp_path):
     text, work = run_harness(
         tmp_path, "benchmarks.per_step", (PER_STEP_START, PER_STEP_END), "--models", "tiny", "--steps", str(STEPS),
-        "--repeats", "1",
+        "--warmup", str(WARMUP), "--repeats", "1",
     )  # fmt: skip
-    # Each program's timer saw exactly STEPS optimizer steps (the harness refuses any other count),
-    # and the table holds their times over those steps, with the ratios of those figures.
+    # Each program's timer saw exactly WARMUP + STEPS optimizer steps (the harness refuses any other
+    # count), and the table holds their times over the last STEPS, with the ratios of those figures.
     timers = {
         p: json.loads((work / f"tiny-{p}-0" / "loop-timer-rank0.json").read_text())
         for p in ("raw", "lightning", "template")
     }
-    ms = {p: 1000 * timer["train_loop_s"] / STEPS for p, timer in timers.items()}
-    assert timers["raw"]["train_samples"] == STEPS * GLOBAL_BATCH
-    assert timers["lightning"]["train_samples"] == timers["template"]["train_samples"] == STEPS * GLOBAL_BATCH // 2
+    for timer in timers.values():
+        starts = timer["batch_starts_s"]
+        assert len(starts) == WARMUP + STEPS and starts[0] == 0 and starts == sorted(starts)
+        assert starts[-1] < timer["train_loop_s"]
+    ms = {p: 1000 * (timer["train_loop_s"] - timer["batch_starts_s"][WARMUP]) / STEPS for p, timer in timers.items()}
+    assert timers["raw"]["train_samples"] == (WARMUP + STEPS) * GLOBAL_BATCH
+    assert (
+        timers["lightning"]["train_samples"]
+        == timers["template"]["train_samples"]
+        == ((WARMUP + STEPS) * GLOBAL_BATCH // 2)
+    )
     raw, lightning, vs_raw, template, _, vs_lightning = table_rows(text, "tiny")
     assert (number(raw), number(lightning), number(template)) == tuple(
         round(ms[p], 2) for p in ("raw", "lightning", "template")

@@ -90,7 +90,7 @@ def test_the_gpu_commands_compose_to_the_fast_gpu_recipe_over_nccl(tmp_path):
     steps = make_plan(tmp_path, 2)
     register_configs()
     timing = per_step.command(
-        "template", "tiny", Path("run"), Path("data"), argparse.Namespace(steps=3, nproc=2, gpu=True)
+        "template", "tiny", Path("run"), Path("data"), argparse.Namespace(steps=3, warmup=2, nproc=2, gpu=True)
     )
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         fast = compose(config_name="config", overrides=overrides(steps["fast_gpu"].commands[0]))
@@ -107,7 +107,7 @@ def test_the_gpu_commands_compose_to_the_fast_gpu_recipe_over_nccl(tmp_path):
 
 
 def test_per_step_gpu_option_names_the_templates_device_and_backend():
-    options = argparse.Namespace(steps=300, nproc=2, gpu=True)
+    options = argparse.Namespace(steps=300, warmup=20, nproc=2, gpu=True)
     args = dict(run_dir=Path("run"), data_dir=Path("data"), options=options)
     gpu = per_step.command("template", "cnn", **args)
     assert {"trainer.accelerator=gpu", "strategy.process_group_backend=nccl", "trainer.devices=2"} <= set(gpu)

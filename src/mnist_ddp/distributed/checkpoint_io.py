@@ -15,6 +15,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
+from typing_extensions import override
 
 from mnist_ddp.errors import CheckpointError, ConfigValueError, first_line
 
@@ -196,6 +197,16 @@ class LastCheckpoint(ModelCheckpoint):
         # After Lightning's exclusivity check: the epoch-end trigger as well.
         self._every_n_epochs = 1
         self.time_check_every_n_steps = time_check_every_n_steps
+        self._state_key: str | None = None
+
+    @property
+    @override
+    def state_key(self) -> str:
+        # Lightning formats this key from the settings (a dict's repr) at every callback hook it
+        # calls, six per optimizer step; they are fixed once built, so it is formatted once.
+        if self._state_key is None:
+            self._state_key = super().state_key
+        return self._state_key
 
     def save(self, trainer: L.Trainer) -> None:
         """Write ``last.ckpt`` now: on every rank together, at an optimizer-step boundary (for a

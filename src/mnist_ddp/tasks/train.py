@@ -22,6 +22,7 @@ from mnist_ddp.cli.job import METRICS_FILE, launcher_restarts, run_job
 from mnist_ddp.cli.outputs import config_fingerprint, write_json
 from mnist_ddp.cli.trainer import build_trainer, checkpoint_to_resume
 from mnist_ddp.distributed.checkpoint_io import in_place_resume_step
+from mnist_ddp.distributed.cuda_check import check_cuda_through_runtime
 from mnist_ddp.distributed.host_memory import keep_freed_host_memory
 from mnist_ddp.distributed.layout import scale_learning_rate
 from mnist_ddp.distributed.options import LRScaling
@@ -54,6 +55,7 @@ def fit_and_test(cfg: DictConfig) -> dict:
         ``metrics.json``.
     """
     keep_freed_host_memory()  # in every process: see host_memory.py (10-25% per step on CPU)
+    check_cuda_through_runtime()  # after Lightning's import: see cuda_check.py (0.4 ms per step on CPU)
     # On every rank: each process reads the job's config, and they must agree.
     log.info(f"Composed config sha256 {config_fingerprint(cfg)}")
     L.seed_everything(cfg.seed, workers=True)
