@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", choices=list(TEMPLATE_MODEL), default=list(TEMPLATE_MODEL))
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps timed per run (default 300)")
     parser.add_argument("--warmup", type=int, default=20, help="optimizer steps run before the timed ones (default 20)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per program and model (default 3)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per program and model (default 5)")
     parser.add_argument("--nproc", type=int, default=2, help="DDP processes per program (default 2)")
     parser.add_argument("--gpu", action="store_true", help="on CUDA GPUs over NCCL, one process per GPU")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "per_step.md")
