@@ -132,6 +132,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--work-dir", type=Path, default=None, help="run directories (default: a temporary one)")
     args = parser.parse_args(argv)
+    for flag, value, least in (
+        ("--steps", args.steps, 1),
+        ("--warmup", args.warmup, 0),
+        ("--repeats", args.repeats, 1),
+    ):
+        if value < least:
+            parser.error(f"{flag} {value}: at least {least}")
     if args.gpu and args.nproc > torch.cuda.device_count():
         parser.error(f"--gpu --nproc {args.nproc}: this machine has {torch.cuda.device_count()} CUDA GPUs")
     data_dir = args.data_dir.resolve()

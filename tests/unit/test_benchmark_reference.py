@@ -1,9 +1,13 @@
-"""The benchmark's hand-written reference builds the fast recipe's model with the same initial weights."""
+"""The benchmarks' parts that need no training run: the hand-written reference builds the fast
+recipe's model with the same initial weights; the per-step harness refuses counts that leave no
+timed step."""
 
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from benchmarks import per_step
 from benchmarks.reference_ddp import make_model
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 
@@ -22,3 +26,14 @@ def test_reference_builds_the_fast_recipes_model_with_the_same_initial_weights()
     template.eval(), reference.eval()
     images = torch.randn(5, 1, 28, 28)
     assert torch.equal(template(images), reference(images)), "same layers in the same order, dropout included"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "least"), [("--steps", "0", 1), ("--warmup", "-1", 0), ("--repeats", "0", 1)]
+)
+def test_per_step_refuses_counts_that_leave_no_timed_step(flag, value, least, capsys):
+    # A negative warm-up would index the timer's batch starts from the end: a wrong figure, not an error.
+    with pytest.raises(SystemExit) as refused:
+        per_step.main([flag, value])
+    assert refused.value.code == 2
+    assert f"{flag} {value}: at least {least}" in capsys.readouterr().err
