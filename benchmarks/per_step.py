@@ -40,6 +40,7 @@ import torch
 
 from benchmarks.run import REPO, harness_env, torchrun, update_page
 from mnist_ddp.data.idx import ensure_mnist_files
+from mnist_ddp.errors import UsageError
 
 PER_STEP_START, PER_STEP_END = "<!-- per-step results: start -->", "<!-- per-step results: end -->"
 GLOBAL_BATCH = 64
@@ -126,7 +127,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="runs per program and model (default 5)")
     parser.add_argument("--nproc", type=int, default=2, help="DDP processes per program (default 2)")
     parser.add_argument("--gpu", action="store_true", help="on CUDA GPUs over NCCL, one process per GPU")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "per_step.md")
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "benchmarks" / "per_step.md",
+        help="the table (default benchmarks/per_step.md); every run's figure goes beside it, as .json",
+    )  # fmt: skip
     parser.add_argument(
         "--page", type=Path, default=None, help="also put the table into this page, between its markers"
     )
@@ -136,13 +140,17 @@ def main(argv: list[str] | None = None) -> None:
         ("--steps", args.steps, 1),
         ("--warmup", args.warmup, 0),
         ("--repeats", args.repeats, 1),
+        ("--nproc", args.nproc, 1),
     ):
         if value < least:
             parser.error(f"{flag} {value}: at least {least}")
     if args.gpu and args.nproc > torch.cuda.device_count():
         parser.error(f"--gpu --nproc {args.nproc}: this machine has {torch.cuda.device_count()} CUDA GPUs")
     data_dir = args.data_dir.resolve()
-    ensure_mnist_files(data_dir)
+    try:
+        ensure_mnist_files(data_dir)
+    except UsageError as error:  # no MNIST there, and no download: one line, not a traceback
+        parser.error(f"--data-dir {args.data_dir}: {error}")
 
     programs = list(LABELS)
     runs = {model: {program: [] for program in programs} for model in args.models}
@@ -161,7 +169,8 @@ def main(argv: list[str] | None = None) -> None:
         f"Measured {date.today()} on {len(os.sched_getaffinity(0))} CPU cores, torch {torch.__version__}, "
         f"{args.nproc} {kind}, real MNIST, global batch {GLOBAL_BATCH}, {args.steps} optimizer steps timed per run "
         f"after {args.warmup} warm-up steps, with `{invocation.strip()}`. Milliseconds per optimizer step on rank 0, "
-        f"the median of {args.repeats} runs per program (interleaved):\n\n{table(runs)}\n"
+        f"the median of {args.repeats} run{'s' if args.repeats > 1 else ''} per program (interleaved):\n\n"
+        f"{table(runs)}\n"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

@@ -94,7 +94,7 @@ def test_a_killed_rank_ends_the_job_within_10_seconds_and_the_last_checkpoint_su
     last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert (last["epoch"], last["global_step"]) == (0, 16)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch_000.ckpt", "last.ckpt"]
-    assert f"resume this run in place with: python -m mnist_ddp.train hydra.run.dir={run} ckpt_path=last" in (
+    assert f"resume this run in place with: {sys.executable} -m mnist_ddp.train hydra.run.dir={run} ckpt_path=last" in (
         result.stdout + result.stderr
     )
 

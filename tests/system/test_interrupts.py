@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -69,8 +70,8 @@ def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
 
     (run_dir,) = (log_dir / "runs").iterdir()
     stopped = re.search(rf"Stopped by {signum.name} in epoch 1 at global step (\d+)\. Last complete checkpoint: "
-                        r"(\S+)\. Resume this run in place with: python -m mnist_ddp.train hydra.run.dir=(\S+) "
-                        r"ckpt_path=last\n", output)  # fmt: skip
+                        rf"(\S+)\. Resume this run in place with: {re.escape(sys.executable)} -m mnist_ddp.train "
+                        r"hydra.run.dir=(\S+) ckpt_path=last\n", output)  # fmt: skip
     assert stopped, output[-3000:]
     assert SIGNAL_STEP <= int(stopped[1]) < 2 * STEPS_PER_EPOCH
     checkpoint = run_dir / "checkpoints" / "last.ckpt"

@@ -15,6 +15,7 @@ from mnist_ddp.callbacks import progress_bar
 from mnist_ddp.callbacks.progress_bar import ThrottledRichProgressBar
 from mnist_ddp.distributed.checkpoint_io import LastCheckpoint
 from mnist_ddp.distributed.cuda_check import NVML_CHECK_ENV, check_cuda_through_runtime
+from mnist_ddp.errors import ConfigValueError
 
 
 def test_the_training_bar_is_updated_only_when_it_redraws_and_at_the_epochs_last_batch(monkeypatch):
@@ -67,3 +68,9 @@ def test_a_worker_checks_cuda_through_the_runtime_not_nvml(monkeypatch):
     parameter.grad = torch.ones(3)
     torch.optim.Adam([parameter]).step()
     assert len(nvml) == 2
+
+
+@pytest.mark.parametrize("refresh_rate", [-1, 0.5])
+def test_a_refresh_rate_that_is_not_a_whole_number_of_redraws_is_refused(refresh_rate):
+    with pytest.raises(ConfigValueError, match=rf"callbacks.progress_bar.refresh_rate={refresh_rate}: .* 0 to hide"):
+        ThrottledRichProgressBar(refresh_rate=refresh_rate)

@@ -7,6 +7,8 @@ import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 from typing_extensions import override
 
+from mnist_ddp.errors import ConfigValueError
+
 
 class ThrottledRichProgressBar(RichProgressBar):
     """Lightning's ``RichProgressBar``, whose training bar and metrics are updated at most
@@ -22,9 +24,17 @@ class ThrottledRichProgressBar(RichProgressBar):
             enough to watch; Lightning's is 100, each redraw rendered by a thread of rank 0 that
             competes with training for the CPU). 0 hides the bars.
         kwargs: the rest of ``RichProgressBar``'s arguments (``leave``, ``theme``, ``console_kwargs``).
+
+    Raises:
+        ConfigValueError: for a ``refresh_rate`` that is not a whole number of at least 0.
     """
 
     def __init__(self, refresh_rate: int = 2, **kwargs: Any) -> None:
+        if not isinstance(refresh_rate, int) or refresh_rate < 0:
+            raise ConfigValueError(
+                f"callbacks.progress_bar.refresh_rate={refresh_rate}: redraws per second, a whole number, 0 to "
+                "hide the bar (or trainer.enable_progress_bar=false)."
+            )
         super().__init__(refresh_rate=refresh_rate, **kwargs)
         self._last_train_update = float("-inf")  # time.monotonic() of the last update
 

@@ -25,6 +25,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
+from mnist_ddp.cli.resume import resume_command
 from mnist_ddp.distributed.checkpoint_io import LastCheckpoint
 from mnist_ddp.errors import ConfigValueError
 
@@ -147,7 +148,7 @@ class StopOnSignal(L.Callback):
             newest = max(saved, key=lambda path: path.stat().st_mtime)
             log.warning(
                 f"Stopped by {where}. Last complete checkpoint: {newest}. Resume this run in place with: "
-                f"python -m mnist_ddp.train hydra.run.dir={trainer.default_root_dir} ckpt_path=last"
+                f"{resume_command(trainer.default_root_dir)}"
             )
         else:
             log.warning(f"Stopped by {where}, before any checkpoint was saved: start the run again.")

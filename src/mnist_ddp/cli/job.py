@@ -25,6 +25,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
 from mnist_ddp.cli.outputs import write_json
+from mnist_ddp.cli.resume import resume_command
 from mnist_ddp.distributed.launch import (
     JobInterrupted,
     collect_stacks,
@@ -109,7 +110,7 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
             if (last := run_dir / "checkpoints" / "last.ckpt").is_file():
                 log.warning(
                     f"Last complete checkpoint: {last}. Once the cause is fixed, resume this run in place with: "
-                    f"python -m mnist_ddp.train hydra.run.dir={run_dir} ckpt_path=last"
+                    f"{resume_command(run_dir)}"
                 )
             raise
         log.error(f"Job {run_dir} failed: {failed}. The sweep goes on with the next job.")
