@@ -29,9 +29,8 @@ def build_trainer(
     ``extra_callbacks`` (those built from more than their own config node). ``loggers``: those
     built already (:func:`mnist_ddp.loggers.trackers.build_loggers`), else built here from
     ``cfg.logger`` as for a new run (default); with no logger (``logger=[]``) the learning rate
-    monitor is left out. With
-    ``trainer.enable_progress_bar=false`` the progress bar callback is left out. With
-    ``evaluation`` (default False) the Trainer only evaluates: the global batch need not split
+    monitor is left out. With ``trainer.enable_progress_bar=false`` the progress bar callback is
+    left out. With ``evaluation`` (default False) the Trainer only evaluates: the global batch need not split
     evenly over the processes (:func:`~mnist_ddp.distributed.layout.per_device_eval_batch_size`).
 
     Nothing is launched here: the DDP processes start in ``trainer.fit`` / ``trainer.test``.

@@ -7,6 +7,7 @@ import pickle
 import tempfile
 import zipfile
 from datetime import timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -197,16 +198,13 @@ class LastCheckpoint(ModelCheckpoint):
         # After Lightning's exclusivity check: the epoch-end trigger as well.
         self._every_n_epochs = 1
         self.time_check_every_n_steps = time_check_every_n_steps
-        self._state_key: str | None = None
 
-    @property
     @override
+    @cached_property
     def state_key(self) -> str:
         # Lightning formats this key from the settings (a dict's repr) at every callback hook it
         # calls, six per optimizer step; they are fixed once built, so it is formatted once.
-        if self._state_key is None:
-            self._state_key = super().state_key
-        return self._state_key
+        return super().state_key
 
     def save(self, trainer: L.Trainer) -> None:
         """Write ``last.ckpt`` now: on every rank together, at an optimizer-step boundary (for a
