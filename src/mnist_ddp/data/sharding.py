@@ -14,6 +14,14 @@ Lightning saves and restores a training dataloader's position when the loader ha
 serves with torchdata's ``StatefulDataLoader``): :class:`ResumableDataLoader` is that loader.
 Without it Lightning restarts an interrupted epoch from its first batch, training some samples
 twice and never reaching others.
+
+Lightning creates the training loader's iterator once before it sets the sampler's epoch
+(``FitLoop.setup_data``, then ``on_advance_start``), and a resumed run trains its first epoch from
+that iterator. torch's iterator with worker processes sends the workers their first batches'
+indices as it is created, so those indices would be drawn from the checkpoint's epoch and position,
+not from the epoch the resumed run trains next: :class:`ResumableDataLoader` creates the real
+iterator at the first batch (:class:`_DeferredIterator`), after the epoch is set, as torch's
+in-process iterator reads its sampler at the first batch anyway.
 """
 
 from collections.abc import Callable, Iterator
@@ -84,6 +92,9 @@ class ResumableDataLoader(DataLoader):
         self.trained_batches = trained_batches
         self.global_batch_size = global_batch_size
 
+    def __iter__(self) -> Iterator[Any]:
+        return _DeferredIterator(super().__iter__)
+
     def state_dict(self) -> dict[str, int]:
         sampler = self.sampler
         if not isinstance(sampler, ResumableDistributedSampler):
@@ -105,3 +116,18 @@ class ResumableDataLoader(DataLoader):
         sampler: ResumableDistributedSampler = self.sampler
         sampler.set_epoch(state["epoch"])
         sampler.start = state["samples"]
+
+
+class _DeferredIterator:
+    """An iterator that calls ``start()`` for the real one at its first ``next()`` (see the module's docstring)."""
+
+    def __init__(self, start: Callable[[], Iterator[Any]]) -> None:
+        self._start, self._iterator = start, None
+
+    def __iter__(self) -> "_DeferredIterator":
+        return self
+
+    def __next__(self) -> Any:
+        if self._iterator is None:
+            self._iterator = self._start()
+        return next(self._iterator)
