@@ -22,6 +22,7 @@ from torchvision.datasets import MNIST
 
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.data.idx import MNIST_FILES
+from mnist_ddp.models.build import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -184,7 +185,8 @@ def fit_and_test_in_process(cfg, root_dir: Path, max_epochs: int = 3) -> tuple:
     them in this process (one CPU device, no logger or checkpoints) and test them: returns the
     DataModule and the test metrics. For checks of a config's parts; DDP runs go through the CLI."""
     L.seed_everything(0)
-    model, datamodule = instantiate(cfg.model), instantiate(cfg.data)
+    datamodule = instantiate(cfg.data)
+    model = build_model(cfg.model, datamodule.spec)
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_epochs=max_epochs, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
@@ -329,7 +331,8 @@ def checkpoint(synthetic_data_dir, tmp_path_factory) -> Path:
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
                         num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
-    trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data))
+    datamodule = instantiate(cfg.data)
+    trainer.fit(build_model(cfg.model, datamodule.spec), datamodule=datamodule)
     path = tmp_path_factory.mktemp("checkpoint") / "last.ckpt"
     trainer.save_checkpoint(path)
     return path

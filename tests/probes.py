@@ -41,7 +41,8 @@ class SampleRecorder(L.Callback):
             )
         images, _ = batch
         indices = self.planned[self.taken : self.taken + len(images)]
-        expected = trainer.datamodule.train_set.tensors[0][indices]
+        data = trainer.datamodule
+        expected = data.spec.normalize(data.train_set.tensors[0][indices])
         if not torch.equal(images.cpu(), expected):
             raise AssertionError(f"rank {trainer.global_rank}: batch {batch_idx} is not the sampler's samples")
         self.taken += len(images)

@@ -17,7 +17,7 @@ def test_reference_builds_the_fast_recipes_model_with_the_same_initial_weights()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["experiment=fast"])
     torch.manual_seed(3)
-    template = instantiate(cfg.model.net)
+    template = instantiate(cfg.model.net, 1, [28, 28], 10)  # MNIST's channels, size and classes
     torch.manual_seed(3)
     reference = make_model()
     template_params, reference_params = list(template.parameters()), list(reference.parameters())

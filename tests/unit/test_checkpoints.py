@@ -19,13 +19,16 @@ from mnist_ddp.cli.command_line import check_command_line
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.errors import CheckpointError, UsageError
+from mnist_ddp.models.build import build_model as build_model_for
 
 register_configs()
 
 
 def build_model(*overrides: str) -> L.LightningModule:
+    """The default model (for MNIST's shape) with ``overrides``."""
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return instantiate(compose(config_name="config", overrides=list(overrides)).model)
+        cfg = compose(config_name="config", overrides=list(overrides))
+    return build_model_for(cfg.model, instantiate(cfg.data).spec)
 
 
 def test_a_checkpoint_of_this_model_passes(checkpoint):

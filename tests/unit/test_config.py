@@ -86,7 +86,10 @@ def test_enable_progress_bar_false_and_no_logger_leave_their_callbacks_out(tmp_p
 
 
 REFUSED = [
-    ("data.global_batchsize=64", "Unknown key data.global_batchsize (keys of data: _target_, class_names, data_dir"),
+    (
+        "data.global_batchsize=64",
+        "Unknown key data.global_batchsize (keys of data: _target_, class_names, crop_padding",
+    ),
     ("trainer.max_epochs=three", "trainer.max_epochs: Value 'three' of type 'str' could not be converted to Int"),
     ("trainer.devices=0", "trainer.devices=0 is not a positive process count on CPU."),
     ("data.global_batch_size=-64", "data.global_batch_size must be at least 1, got -64."),
@@ -133,7 +136,9 @@ def test_presets_set_what_they_say():
         cfg = compose("config", overrides=overrides)
     assert (cfg.trainer.max_epochs, cfg.trainer.limit_train_batches, cfg.trainer.limit_test_batches) == (2, 20, 5)
     assert cfg.data.global_batch_size == 32 and cfg.model.optimizer.lr == 0.01
-    assert any(isinstance(layer, BatchNorm2d) for layer in instantiate(cfg.model).modules()), "experiment=fast"
+    assert any(isinstance(layer, BatchNorm2d) for layer in instantiate(cfg.model.net, 1, [28, 28], 10).modules()), (
+        "experiment=fast"
+    )
 
 
 @pytest.mark.parametrize(

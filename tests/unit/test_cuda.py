@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.models.build import build_model
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -33,7 +34,8 @@ def test_fast_gpu_recipe_keeps_the_data_on_the_gpu_and_trains_in_bf16(synthetic_
         cfg = compose(config_name="config", overrides=overrides)
     assert cfg.data.on_device and cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
     L.seed_everything(0)
-    model, datamodule = instantiate(cfg.model), instantiate(cfg.data)
+    datamodule = instantiate(cfg.data)
+    model = build_model(cfg.model, datamodule.spec)
     seen = []
     model.net.register_forward_hook(lambda module, inputs, output: seen.append((inputs[0].device.type, output.dtype)))
     initial = [parameter.detach().clone() for parameter in model.parameters()]

@@ -42,20 +42,22 @@ def sample_ids(loader) -> list[int]:
     return [hash(image.numpy().tobytes()) for images, _ in loader for image in images]
 
 
-def test_setup_loads_normalized_float_images_and_int_labels(synthetic_data_dir):
+def test_setup_loads_uint8_images_that_batches_normalize_and_int_labels(synthetic_data_dir):
     dm = datamodule_on_rank(synthetic_data_dir, 1, 0)
     raw = MNIST(synthetic_data_dir, train=True)
     images, labels = dm.train_set.tensors
-    assert images.shape == (1200 - VAL_SIZE, 1, 28, 28) and images.dtype == torch.float32
+    assert images.shape == (1200 - VAL_SIZE, 1, 28, 28) and images.dtype == torch.uint8
     assert labels.shape == (1200 - VAL_SIZE,) and labels.dtype == torch.int64
     assert len(dm.val_set) == VAL_SIZE and len(dm.test_set) == 300
-    # Pixel value 255 maps to (1 - mean) / std and 0 to -mean / std.
-    assert images.max().item() == pytest.approx((1 - MNIST_MEAN) / MNIST_STD)
-    assert images.min().item() == pytest.approx(-MNIST_MEAN / MNIST_STD)
+    # A batch is normalized on its device: pixel value 255 maps to (1 - mean) / std and 0 to -mean / std.
+    batch, batch_labels = dm.on_after_batch_transfer((images, labels), 0)
+    assert batch.dtype == torch.float32 and torch.equal(batch_labels, labels)
+    assert batch.max().item() == pytest.approx((1 - MNIST_MEAN) / MNIST_STD)
+    assert batch.min().item() == pytest.approx(-MNIST_MEAN / MNIST_STD)
+    assert torch.equal(batch, (images.float() / 255 - MNIST_MEAN) / MNIST_STD), "the formula of earlier versions"
 
     # Train and val together are exactly the training file, each image with its own label.
-    def pairs(images, labels):
-        pixels = (images * MNIST_STD + MNIST_MEAN).mul(255).round().byte()
+    def pairs(pixels, labels):
         return sorted((image.numpy().tobytes(), int(label)) for image, label in zip(pixels, labels))
 
     loaded = pairs(torch.cat([images, dm.val_set.tensors[0]]), torch.cat([labels, dm.val_set.tensors[1]]))
@@ -148,14 +150,19 @@ def test_on_device_moves_every_split_to_the_strategys_device(synthetic_data_dir)
                                  strategy=SimpleNamespace(root_device=torch.device("cpu")))  # fmt: skip
     dm.setup("fit")
     dm.setup("test")
+    # Moved when its loader is first made (the strategy's device is known by then).
+    loaders = (dm.train_dataloader(), dm.val_dataloader(), dm.test_dataloader())
+    assert [loader.dataset.tensors[0].device.type for loader in loaders] == ["cpu"] * 3
     assert {t.device.type for split in (dm.train_set, dm.val_set, dm.test_set) for t in split.tensors} == {"cpu"}
     assert len(dm.train_set) == 1200 - VAL_SIZE and len(dm.test_set) == 300
 
 
 def test_on_device_with_dataloader_workers_is_refused_by_name(synthetic_data_dir):
-    dm = MNISTDataModule(str(synthetic_data_dir), global_batch_size=8, on_device=True, num_workers=2)
+    dm = MNISTDataModule(str(synthetic_data_dir), global_batch_size=8, val_size=VAL_SIZE, on_device=True, num_workers=2)
+    dm.trainer = SimpleNamespace(world_size=1, global_rank=0, accumulate_grad_batches=1)
+    dm.setup("fit")
     with pytest.raises(ConfigValueError, match=r"data.on_device=true .* set data.num_workers=0 \(not 2\)"):
-        dm.setup("fit")
+        dm.train_dataloader()
 
 
 def test_prepare_data_with_files_present_does_not_download(synthetic_data_dir, monkeypatch):

@@ -24,8 +24,9 @@ from torchvision.datasets.mnist import read_image_file
 from mnist_ddp.cli.command_line import check_command_line
 from mnist_ddp.cli.saved_run import data_set_of_run, run_config_path, saved_run_config
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
-from mnist_ddp.data.datamodule import MNISTDataModule, normalize
+from mnist_ddp.data.datamodule import MNISTDataModule
 from mnist_ddp.data.idx import import_class
+from mnist_ddp.data.spec import CHECKPOINT_KEY
 from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError, UsageError
 
 register_configs()
@@ -96,7 +97,8 @@ def test_an_idx_data_set_trains_by_configuration_alone(letters_dir, readme_confi
     # Served as (pixel / 255 - mean) / std with the configured statistics: the test split exactly.
     test_pixels = torch.from_numpy(idx_array(letters_dir / FILES["test_images"]).copy())
     images, labels = datamodule.test_set.tensors
-    assert torch.allclose(images, (test_pixels.unsqueeze(1).float() / 255 - mean) / std)
+    assert torch.equal(images, test_pixels.unsqueeze(1))
+    assert torch.allclose(datamodule.spec.normalize(images), (test_pixels.unsqueeze(1).float() / 255 - mean) / std)
     assert torch.equal(labels, torch.from_numpy(idx_array(letters_dir / FILES["test_labels"]).astype(np.int64)))
     assert datamodule.class_names == CLASS_NAMES
     # Bright squares -> dark squares: still one position per class; 2% of the test labels are noise.
@@ -128,23 +130,31 @@ def write_split(folder, images: np.ndarray, labels: np.ndarray) -> dict[str, str
 @pytest.mark.parametrize(
     ("images_shape", "labels", "message"),
     [
-        ((20, 32, 32), np.zeros(20), "holds 32x32 images; this template's networks take 28x28"),
+        ((20, 32, 32), np.zeros(20), "holds 32x32 images; data.image_size is 28x28. Set data.image_size=[32,32]"),
         ((20, 28, 28), np.zeros(19), "holds 20 images but"),
         ((20, 28, 28), np.full(20, 10), "has labels 10..10; data.class_names names 10 classes (labels 0..9)"),
-        ((20, 28), np.zeros(20), "is not an IDX file of uint8 images (N, 28, 28)"),
+        ((20, 28), np.zeros(20), "is not an IDX file of uint8 images (N, H, W)"),
     ],
 )
-def test_a_data_set_of_another_shape_is_refused_naming_the_file(tmp_path, images_shape, labels, message):
+def test_a_data_set_that_does_not_fit_its_config_is_refused_naming_the_file(tmp_path, images_shape, labels, message):
     write_split(tmp_path, np.zeros(images_shape), labels)
     datamodule = MNISTDataModule(str(tmp_path), val_size=5, subdir=".", files=FILES, download=None)
-    with pytest.raises(DataFormatError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
-        datamodule.setup("fit")
+    with pytest.raises(DataFormatError, match=re.escape(message)) as error:
+        datamodule.prepare_data()  # before any process starts
     assert str(tmp_path) in str(error.value)
 
 
-def test_class_names_must_name_the_networks_ten_classes(tmp_path):
-    with pytest.raises(ConfigValueError, match="data.class_names has 9 names; the networks output 10 classes"):
-        MNISTDataModule(str(tmp_path), class_names=list("ABCDEFGHI"))
+def test_an_idx_data_set_of_other_classes_and_size_describes_itself(tmp_path):
+    # Five classes of 32x32 images: the network is built for what the config declares.
+    write_split(tmp_path, np.zeros((20, 32, 32)), np.arange(20) % 5)
+    datamodule = MNISTDataModule(str(tmp_path), val_size=5, subdir=".", files=FILES, download=None,
+                                 class_names=list("ABCDE"), image_size=[32, 32], mean=0.5, std=0.25)  # fmt: skip
+    datamodule.prepare_data()
+    spec = datamodule.spec
+    assert (spec.class_names, spec.input_shape, spec.mean, spec.std) == (tuple("ABCDE"), (1, 32, 32), (0.5,), (0.25,))
+    assert spec.network_arguments() == {"in_channels": 1, "image_size": [32, 32], "num_classes": 5}
+    with pytest.raises(ConfigValueError, match="data.class_names is empty"):
+        MNISTDataModule(str(tmp_path), class_names=[])
 
 
 @pytest.mark.parametrize("download", ["torchvision.datasets.Nope", "nowhere.MNIST", "torchvision.datasets.mnist"])
@@ -181,20 +191,26 @@ def test_eval_takes_the_data_set_of_the_checkpoints_run(letters_dir, checkpoint,
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
     (tmp_path / "run" / ".hydra").mkdir(parents=True)
     checkpoint.parent.mkdir()
-    shutil.copy(trained, checkpoint)
-    OmegaConf.save(compose_config(*letters_overrides(letters_dir, 0.75, 0.4)), run_config_path(checkpoint))
+    run_config = compose_config(*letters_overrides(letters_dir, 0.75, 0.4))
+    OmegaConf.save(run_config, run_config_path(checkpoint))
+    # The checkpoint keeps the data spec of the data set it was trained on: the letters'.
+    state = torch.load(trained, weights_only=True)
+    state[CHECKPOINT_KEY] = instantiate(run_config.data).spec.to_dict()
+    torch.save(state, checkpoint)
     command = [f"ckpt_path={checkpoint}", f"data.data_dir={letters_dir}"]
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("eval", overrides=command)
     assert cfg.data.class_names == [str(digit) for digit in range(10)], "this command's own default"
 
-    taken = data_set_of_run(cfg.data, saved_run_config(checkpoint), checkpoint, command)
+    taken = data_set_of_run(cfg, saved_run_config(checkpoint), checkpoint, command)
     assert "data.mean=0.75" in taken and "data.subdir=." in taken
     assert (cfg.data.class_names, cfg.data.mean, cfg.data.std) == (CLASS_NAMES, 0.75, 0.4)
+    assert cfg.data.data_dir == str(letters_dir), "where the files are: this command's own"
     datamodule = instantiate(cfg.data)
     datamodule.setup("test")
     letters = torch.from_numpy(idx_array(letters_dir / FILES["test_images"]).copy())
-    assert torch.equal(datamodule.test_set.tensors[0], normalize(letters, 0.75, 0.4)), "the run's files and statistics"
+    assert torch.equal(datamodule.test_set.tensors[0], letters.unsqueeze(1)), "the run's files"
+    assert datamodule.spec.mean == (0.75,) and datamodule.spec.std == (0.4,), "and statistics"
 
     # An override that contradicts the run is refused, naming both values, before anything starts;
     # one that agrees is fine, and so is a process count that does not divide the global batch.
@@ -206,4 +222,4 @@ def test_eval_takes_the_data_set_of_the_checkpoints_run(letters_dir, checkpoint,
 
     # Without a run config, the command's own data set, unchanged.
     alone = tmp_path / "alone.ckpt"
-    assert data_set_of_run(cfg.data, saved_run_config(alone), alone, [f"ckpt_path={alone}"]) == []
+    assert data_set_of_run(cfg, saved_run_config(alone), alone, [f"ckpt_path={alone}"]) == []

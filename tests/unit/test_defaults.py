@@ -16,7 +16,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from mnist_ddp.cli import schema
 from mnist_ddp.cli.compose import missing_values
-from mnist_ddp.cli.saved_run import DATA_SET_KEYS
+from mnist_ddp.cli.saved_run import LOADING_KEYS
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
 
 register_configs()
@@ -25,7 +25,8 @@ SCHEMAS = [obj for obj in vars(schema).values() if isinstance(obj, type) and dat
 
 
 def group_options(group: str) -> list[str]:
-    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+    # data/base.yaml holds the keys every data set shares and builds no class of its own.
+    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml") if (group, path.stem) != ("data", "base"))
 
 
 def unselected_member(field: dataclasses.Field) -> bool:
@@ -97,7 +98,7 @@ def test_class_defaults_are_the_configs_values(config_name, choice):
                 continue
             # A data set of its own (data=fashion_mnist) differs from the default data set's
             # class defaults (MNIST's) by what makes it another data set.
-            if path == "data" and name in DATA_SET_KEYS and choice.startswith("data=") and choice != "data=mnist":
+            if path == "data" and name not in LOADING_KEYS and choice in ("data=fashion_mnist", "data=idx"):
                 continue
             value = node._get_node(name)
             if isinstance(value._value(), str) and value._value().startswith("${"):

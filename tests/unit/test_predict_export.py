@@ -20,9 +20,9 @@ from torchvision.io import encode_jpeg, write_png
 from mnist_ddp.cli import outputs
 from mnist_ddp.cli.command_line import check_command_line
 from mnist_ddp.cli.schema import ExportFormat
-from mnist_ddp.data.datamodule import normalize
 from mnist_ddp.data.idx import IMAGES_KIND, MNIST_FILES, read_idx_file
 from mnist_ddp.data.inputs import InputImages, check_inputs, list_inputs
+from mnist_ddp.data.spec import DataSpec
 from mnist_ddp.errors import CheckpointError, ConfigValueError, ExportError, UsageError
 from mnist_ddp.models.classifier import MNISTClassifier
 from mnist_ddp.models.networks import CNN
@@ -31,6 +31,14 @@ from mnist_ddp.tasks.export import PixelClassifier, check_exported, check_export
 from mnist_ddp.tasks.predict import COLUMNS, in_input_order, write_predictions
 
 DIGITS = [str(digit) for digit in range(10)]
+#: MNIST's shape, with other statistics than its own (so that the normalization shows).
+SPEC = DataSpec(DIGITS, (1, 28, 28), (0.2,), (0.4,))
+MNIST = DataSpec(DIGITS, (1, 28, 28), (0.1307,), (0.3081,))
+
+
+def normalize(pixels: torch.Tensor, mean: float, std: float) -> torch.Tensor:
+    """``(N, H, W)`` uint8 -> ``(N, 1, H, W)`` float32: the formula of the template's earlier versions."""
+    return (pixels.unsqueeze(1).float() / 255 - mean) / std
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +67,7 @@ def test_inputs_are_named_in_order_and_read_as_in_training(tmp_path):
     # Relative paths, sorted; other files left out.
     assert list_inputs(folder) == ["a/c.png", "a/z.PNG", "b.png", "d.png", "e.jpg"]
     assert list_inputs(folder / "b.png") == ["b.png"]
-    images = InputImages(folder, mean=0.2, std=0.4)
+    images = InputImages(folder, SPEC)
     (batch,) = images.__getitems__([1, 2])  # a/z.PNG, b.png: PNG is lossless
     assert torch.equal(batch, normalize(pixels[[1, 0]], 0.2, 0.4)) and batch.shape == (2, 1, 28, 28)
     # An IDX file, gzipped as MNIST ships: its images by index.
@@ -67,14 +75,14 @@ def test_inputs_are_named_in_order_and_read_as_in_training(tmp_path):
     write_idx(idx, random_pixels(5, 28, 28, seed=1).numpy())
     (tmp_path / "images-idx3-ubyte.gz").write_bytes(gzip.compress(idx.read_bytes()))
     assert list_inputs(tmp_path / "images-idx3-ubyte.gz") == ["0", "1", "2", "3", "4"]
-    (batch,) = InputImages(tmp_path / "images-idx3-ubyte.gz", mean=0.2, std=0.4).__getitems__([4, 0])
+    (batch,) = InputImages(tmp_path / "images-idx3-ubyte.gz", SPEC).__getitems__([4, 0])
     assert torch.equal(batch, normalize(random_pixels(5, 28, 28, seed=1)[[4, 0]], 0.2, 0.4))
 
 
 def test_inputs_the_model_cannot_take_are_refused_naming_the_file(tmp_path):
     def refused(path, match, world_size=1):
         with pytest.raises(UsageError, match=match):
-            check_inputs(path, world_size)
+            check_inputs(path, world_size, SPEC)
 
     refused(tmp_path / "none", r"input=.*none: no such file or folder")
     (tmp_path / "empty").mkdir()
@@ -83,18 +91,21 @@ def test_inputs_the_model_cannot_take_are_refused_naming_the_file(tmp_path):
     refused(tmp_path / "empty", r"holds no PNG or JPEG image .*\(it holds 1 other file, such as a.bmp\)")
     large = png_folder(tmp_path / "large", torch.zeros(1, 28, 28, dtype=torch.uint8), ["ok.png"])
     write_png(torch.zeros(1, 32, 32, dtype=torch.uint8), str(large / "big.png"))
-    refused(large, r"big.png is 32x32 pixels; the model takes 28x28 grayscale images .* Resize or crop it")
+    refused(large, r"big.png: 32x32 gray, and the model takes 28x28 gray images, .* or pass resize=true")
+    write_png(torch.zeros(3, 28, 28, dtype=torch.uint8), str(large / "big.png"))
+    refused(large, r"big.png: 28x28 RGB, and the model takes 28x28 gray images")
+    assert check_inputs(large, 1, SPEC, resize=True) == ["big.png", "ok.png"]
     broken = png_folder(tmp_path / "broken", torch.zeros(1, 28, 28, dtype=torch.uint8), ["ok.png"])
     (broken / "cut.png").write_bytes((broken / "ok.png").read_bytes()[:40])
     refused(broken, r"cut.png cannot be decoded as an image \(.+\)\. Replace it with a PNG or JPEG image, or remove it")
     write_idx(tmp_path / "big-idx3", np.zeros((3, 32, 32)))
-    refused(tmp_path / "big-idx3", r"big-idx3 holds 32x32 images; this template's networks take 28x28")
+    refused(tmp_path / "big-idx3", r"big-idx3 \(its images\): 32x32 gray, and the model takes 28x28 gray images")
     write_idx(tmp_path / "labels-idx1", np.zeros(3))
     refused(tmp_path / "labels-idx1", r"labels-idx1 is not an IDX file of uint8 images")
     # Every replica predicts at least one input.
     write_idx(tmp_path / "one-idx3", np.zeros((1, 28, 28)))
     refused(tmp_path / "one-idx3", r"holds 1 input, fewer than the world_size=2 .*\(trainer.devices=1\)", world_size=2)
-    assert check_inputs(tmp_path / "one-idx3", 1) == ["0"]
+    assert check_inputs(tmp_path / "one-idx3", 1, SPEC) == ["0"]
 
 
 def test_the_command_lines_are_checked_before_launch(checkpoint, synthetic_data, tmp_path):
@@ -104,7 +115,7 @@ def test_the_command_lines_are_checked_before_launch(checkpoint, synthetic_data,
     with pytest.raises(UsageError, match=r"Missing value \(\?\?\?\) for input"):
         check_command_line("predict", predict)
     write_png(torch.zeros(1, 20, 28, dtype=torch.uint8), str(folder / "3.png"))
-    with pytest.raises(UsageError, match="3.png is 20x28 pixels"):
+    with pytest.raises(UsageError, match="3.png: 20x28 gray, and the model takes 28x28 gray"):
         check_command_line("predict", [*predict, f"input={folder}"])
     # The checkpoint is checked as eval checks it (the same code): another model's, "last".
     with pytest.raises(CheckpointError, match="was saved from another model configuration"):
@@ -178,11 +189,12 @@ def test_the_predictions_csv_is_written_whole_or_not_at_all(tmp_path, monkeypatc
 def module() -> MNISTClassifier:
     """A freshly built small CNN with BatchNorm (random running statistics: eval mode uses them)."""
     torch.manual_seed(0)
-    net = CNN(channels=(4, 8), hidden=16, batch_norm=True)
+    net = CNN(1, (28, 28), 10, channels=(4, 8), hidden=16, batch_norm=True)
     for norm in (layer for layer in net.modules() if isinstance(layer, torch.nn.BatchNorm2d)):
         norm.running_mean.uniform_(-0.5, 0.5)
         norm.running_var.uniform_(0.5, 2.0)
-    return MNISTClassifier(net, optimizer=partial(torch.optim.SGD, lr=0.1), scheduler=None).eval()
+    optimizer = partial(torch.optim.SGD, lr=0.1)
+    return MNISTClassifier(net, optimizer=optimizer, scheduler=None, data_spec=MNIST).eval()
 
 
 @pytest.mark.parametrize("export_format", list(ExportFormat), ids=lambda export_format: export_format.value)
@@ -191,7 +203,7 @@ def test_an_exported_model_computes_the_modules_logits_and_a_changed_one_is_caug
 ):
     path = tmp_path / f"model{export.SUFFIXES[export_format]}"
     images = test_pixels.unsqueeze(1)
-    export_model(PixelClassifier(module.net, 0.1307, 0.3081).eval(), export_format, path, images, DIGITS)
+    export_model(PixelClassifier(module.net, MNIST).eval(), export_format, path, images, DIGITS)
     with torch.no_grad():
         expected = module(normalize(test_pixels, 0.1307, 0.3081))
     assert check_exported(export_format, path, images, expected) <= 1e-5

@@ -1,2 +1,2 @@
 """Lightning callbacks of a run (``conf/callbacks``): TensorBoard summaries, throughput, misclassified
-digits and their figures, the DDP settings report, and stopping on signals."""
+images and their figures, the DDP settings report, and stopping on signals."""

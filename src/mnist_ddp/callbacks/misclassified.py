@@ -1,12 +1,11 @@
-"""Where the model fails: the confusion matrix and the misclassified digits of the test set."""
+"""Where the model fails: the confusion matrix and the misclassified images of the test set."""
 
 import lightning as L
 import torch
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from mnist_ddp.callbacks.figures import confusion_matrix_figure, digit_grid
-from mnist_ddp.data.idx import NUM_CLASSES
+from mnist_ddp.callbacks.figures import confusion_matrix_figure, image_grid
 from mnist_ddp.loggers.media import log_figure, media_loggers
 
 
@@ -18,17 +17,16 @@ class MisclassificationReport(L.Callback):
     - ``test/confusion_matrix``: counts of (true, predicted) class pairs, rows true and columns
       predicted. torchmetrics sums the matrix over all ranks, and the test sampler gives each
       image to exactly one rank, so the counts add up to the test set size for any world_size.
-    - ``test/misclassified``: up to ``max_images`` misclassified test digits, each titled
+    - ``test/misclassified``: up to ``max_images`` misclassified test images, each titled
       ``true → predicted``: the first ``max_images`` of each rank's shard, gathered in rank order.
-      Not written when every test digit is classified correctly.
+      Not written when every test image is classified correctly.
 
     ``test_step`` must return the predicted classes of its batch, ``(N,)`` int64, and batches
-    must be ``(images (N, 1, 28, 28), labels (N,))``. Classes are titled and the images
-    un-normalized with the DataModule's ``class_names`` and ``hparams.mean`` / ``hparams.std``
-    (:class:`~mnist_ddp.data.datamodule.MNISTDataModule`).
+    must be ``(images (N, C, H, W), labels (N,))``. The class count, class names, image shape and
+    normalization are the DataModule's (its ``spec``: :class:`~mnist_ddp.data.spec.DataSpec`).
 
     Args:
-        max_images: most misclassified digits shown (default 64).
+        max_images: most misclassified images shown (default 64).
     """
 
     def __init__(self, max_images: int = 64) -> None:
@@ -37,7 +35,7 @@ class MisclassificationReport(L.Callback):
         self._wrong: list[tuple[Tensor, Tensor, Tensor]] = []  # (images, labels, preds) per batch
 
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._confusion = MulticlassConfusionMatrix(NUM_CLASSES).to(pl_module.device)
+        self._confusion = MulticlassConfusionMatrix(trainer.datamodule.spec.num_classes).to(pl_module.device)
         self._wrong = []
 
     def on_test_batch_end(
@@ -56,19 +54,21 @@ class MisclassificationReport(L.Callback):
         images, labels, preds = self._gather_wrong(trainer, pl_module)
         if not trainer.is_global_zero or not media_loggers(trainer):
             return
-        names, data = trainer.datamodule.class_names, trainer.datamodule.hparams
+        spec = trainer.datamodule.spec
+        names = spec.class_names
         log_figure(trainer, "test/confusion_matrix", confusion_matrix_figure(matrix, names), trainer.global_step)
         if len(images):
             titles = [f"{names[true]} → {names[pred]}" for true, pred in zip(labels.tolist(), preds.tolist())]
-            figure = digit_grid(images, titles, data.mean, data.std, heading="true class → predicted class")
+            figure = image_grid(spec.denormalize(images), titles, heading="true class → predicted class")
             log_figure(trainer, "test/misclassified", figure, trainer.global_step)
 
     def _gather_wrong(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[Tensor, Tensor, Tensor]:
-        """Every rank's misclassified digits, the first ``max_images`` in rank order: images
-        ``(K, 1, 28, 28)``, true and predicted classes ``(K,)``."""
+        """Every rank's misclassified images, the first ``max_images`` in rank order: images
+        ``(K, C, H, W)``, true and predicted classes ``(K,)``."""
+        shape = trainer.datamodule.spec.input_shape
         # all_gather needs the same shapes on every rank: pad to max_images, marking padding with label -1.
         padded = {
-            "images": torch.zeros(self.max_images, 1, 28, 28, device=pl_module.device),
+            "images": torch.zeros(self.max_images, *shape, device=pl_module.device),
             "labels": torch.full((self.max_images,), -1, dtype=torch.long, device=pl_module.device),
             "preds": torch.full((self.max_images,), -1, dtype=torch.long, device=pl_module.device),
         }
@@ -76,7 +76,7 @@ class MisclassificationReport(L.Callback):
             for key, values in zip(padded, map(torch.cat, zip(*self._wrong))):
                 padded[key][: len(values)] = values
         gathered = pl_module.all_gather(padded)  # each (world_size, max_images, ...)
-        images = gathered["images"].reshape(-1, 1, 28, 28)
+        images = gathered["images"].reshape(-1, *shape)
         labels, preds = gathered["labels"].reshape(-1), gathered["preds"].reshape(-1)
         keep = (labels >= 0).nonzero().flatten()[: self.max_images]
         return images[keep], labels[keep], preds[keep]

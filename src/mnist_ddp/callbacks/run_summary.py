@@ -9,7 +9,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
-from mnist_ddp.callbacks.figures import digit_grid
+from mnist_ddp.callbacks.figures import image_grid
 from mnist_ddp.cli.trainer import data_parallel_layout
 from mnist_ddp.loggers.media import log_figure, log_settings, media_loggers
 
@@ -34,9 +34,9 @@ class RunSummary(L.Callback):
 
     At the first training step (not again when a run resumes from a checkpoint):
 
-    - Image ``train/input_batch``: up to ``max_images`` digits of global rank 0's first batch,
-      un-normalized, each titled with its class name (a wrong label or a blank image shows here),
-      from the DataModule's ``class_names`` and ``hparams.mean`` / ``hparams.std``.
+    - Image ``train/input_batch``: up to ``max_images`` images of global rank 0's first batch as the
+      network gets them (augmented, if the data set is), un-normalized, each titled with its class
+      name (a wrong label or a blank image shows here), by the DataModule's ``spec``.
 
     Args:
         config: the job's composed config.
@@ -44,7 +44,7 @@ class RunSummary(L.Callback):
             default none).
         extra_hparams: more settings, such as values derived from the config (default none).
         metrics: scalar tags shown as HPARAMS metrics (default ``("val/acc", "test/acc")``).
-        max_images: digits in the input batch image (default 64).
+        max_images: images in the input batch figure (default 64).
     """
 
     def __init__(
@@ -86,9 +86,9 @@ class RunSummary(L.Callback):
         if not media_loggers(trainer):
             return
         images, labels = batch[0][: self.max_images], batch[1][: self.max_images]
-        data = trainer.datamodule
-        titles = [data.class_names[label] for label in labels.tolist()]
-        figure = digit_grid(images, titles, data.hparams.mean, data.hparams.std, heading="label")
+        spec = trainer.datamodule.spec
+        titles = [spec.class_names[label] for label in labels.tolist()]
+        figure = image_grid(spec.denormalize(images), titles, heading="label")
         log_figure(trainer, "train/input_batch", figure, step=0)
 
 

@@ -10,6 +10,9 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from mnist_ddp.cli.compose import composed_jobs, with_trainer_arguments
 from mnist_ddp.cli.resume import in_place_run_dir, resume_arguments
@@ -33,6 +36,8 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
             # The run's .hydra/ (its config and overrides) stays as the run wrote it.
             sys.argv = [sys.argv[0], *resume_arguments(run_dir, sys.argv[1:]), "hydra.output_subdir=null"]
         sys.argv = [sys.argv[0], *with_trainer_arguments(sys.argv[1:])]
+        if config_name in CHECKPOINT_COMMANDS:
+            sys.argv = [sys.argv[0], *with_data_option_of_run(sys.argv[1:])]
         check_command_line(config_name, sys.argv[1:])
     except UsageError as error:
         print(f"Error: {error}", file=sys.stderr)
@@ -48,6 +53,33 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
     main()
     if failed_jobs():
         sys.exit(1)
+
+
+#: The entry points that apply a training run's checkpoint (its model, its data set) instead of training.
+CHECKPOINT_COMMANDS = ("eval", "predict", "export")
+
+
+def run_data_option(checkpoint: Path) -> str | None:
+    """The ``data`` option (``mnist``, ``folder``, ...) of the run that wrote ``checkpoint``
+    (``<run>/checkpoints/<file>.ckpt``), from the Hydra record in its ``.hydra/hydra.yaml``; None
+    without one."""
+    record = Path(checkpoint).parent.parent / ".hydra" / "hydra.yaml"
+    if not record.is_file():
+        return None
+    choice = OmegaConf.select(OmegaConf.load(record), "hydra.runtime.choices.data", default=None)
+    return str(choice) if choice else None
+
+
+def with_data_option_of_run(args: Sequence[str]) -> list[str]:
+    """``args`` of eval / predict / export, with the ``data`` option of the checkpoint's run in front
+    when they choose none, so that the command's ``data`` keys are that data set's (``data.root=``
+    of a folder data set that moved is then a known key). The data set's values are the run's in
+    any case (:func:`mnist_ddp.cli.saved_run.data_set_of_run`)."""
+    values = dict(arg.split("=", 1) for arg in args if "=" in arg and not arg.startswith("-"))
+    if "data" in values or not values.get("ckpt_path"):
+        return list(args)
+    option = run_data_option(Path(values["ckpt_path"].strip("'\"")))
+    return [f"data={option}", *args] if option else list(args)
 
 
 def check_command_line(config_name: str, args: Sequence[str]) -> None:

@@ -21,7 +21,7 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from mnist_ddp.cli.schema import CONFIG_DIR, TrainerConfig, register_configs
+from mnist_ddp.cli.schema import CONFIG_DIR, DATA_SCHEMA_TARGETS, TrainerConfig, register_configs
 from mnist_ddp.errors import ConfigValueError, UsageError, first_line
 
 
@@ -97,6 +97,7 @@ def _compose(config_name: str, overrides: list[str]) -> DictConfig:
         raise UsageError(_describe(error, compose(config_name))) from None
     except AssertionError:  # OmegaConf.update under a null node: a key of a logger not selected
         raise UsageError(_under_null_node(overrides, compose(config_name))) from None
+    check_data_target(cfg)
     if unknown := unknown_keys(cfg):
         raise UsageError(_unknown_key(unknown[0], cfg))
     missing = missing_values(cfg)
@@ -169,15 +170,68 @@ def with_trainer_arguments(args: Sequence[str]) -> list[str]:
     return rewritten
 
 
+def check_data_target(cfg: DictConfig) -> None:
+    """Refuse ``data._target_`` set to another class than the one its data set's schema describes
+    (``data._target_=my_project.MyDataModule`` on top of ``data=mnist``): the other keys would be
+    the template's data set's, not that class's.
+
+    Raises:
+        UsageError: naming the class and the way: a YAML of its own in ``conf/data/``.
+    """
+    data = cfg.get("data")
+    expected = DATA_SCHEMA_TARGETS.get(OmegaConf.get_type(data)) if isinstance(data, DictConfig) else None
+    if expected is not None and data.get("_target_") != expected:
+        raise UsageError(
+            f"data._target_={data._target_}: the keys of this data option are {expected}'s. A DataModule of your "
+            f"own gets a YAML of its own, conf/data/<name>.yaml (defaults: [base, _self_], then _target_: "
+            f"{data._target_} and its arguments), used with data=<name> (docs/customizing.md#a-datamodule-of-your-own)."
+        )
+
+
+@functools.cache
+def constructor_arguments(target: str) -> tuple[str, ...] | None:
+    """The keyword arguments that the class ``target`` (an import path) takes, following ``**kwargs``
+    up its base classes (a subclass that passes them on to its base takes the base's too); None
+    when it takes any (``**kwargs`` all the way up).
+
+    The class is imported: this serves the ``data`` of a DataModule of the user's own, which has
+    no schema (the template's data sets have theirs, checked without importing anything).
+
+    Raises:
+        UsageError: when ``target`` cannot be imported, naming it.
+    """
+    module, _, name = target.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise UsageError(f"data._target_={target} cannot be imported ({first_line(error)}).") from None
+    names: list[str] = []
+    for klass in inspect.getmro(found) if isinstance(found, type) else ():
+        if "__init__" not in vars(klass):
+            continue
+        parameters = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]
+        names += [
+            p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names
+        ]
+        if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+            return tuple(names)
+    return None
+
+
 def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     """The dotted keys under ``node`` that its schema (a dataclass of :mod:`mnist_ddp.cli.schema`)
     does not have: added with ``+``, by a typo or for an option that does not exist. The nodes the
     schema leaves open on purpose (typed ``Any`` or ``dict``: ``callbacks``, ``model.net``,
     ``model.optimizer`` and ``model.scheduler``, whose keyword arguments their classes check when
     they are built, ``launcher.env``) are not looked into, nor is ``hydra`` (Hydra checks its own);
-    under ``trainer`` every argument of Lightning's Trainer is known (:func:`trainer_arguments`)."""
+    under ``trainer`` every argument of Lightning's Trainer is known (:func:`trainer_arguments`);
+    a ``data`` node without a schema (a DataModule of the user's own) is checked against its
+    class's arguments (:func:`constructor_arguments`)."""
     schema = OmegaConf.get_type(node)
     if not dataclasses.is_dataclass(schema):
+        if prefix == "data." and isinstance(node.get("_target_"), str):
+            known = constructor_arguments(node._target_)
+            return [] if known is None else [f"{prefix}{key}" for key in node if key not in (*known, "_target_")]
         return []
     known = _schema_fields(schema) | ({"hydra"} if not prefix else set())
     found = []
@@ -217,6 +271,9 @@ def _unknown_key(key: str, cfg: DictConfig) -> str:
     if parent == "trainer":
         keys = sorted(trainer_arguments())
         allowed = "trainer takes the arguments of lightning.pytorch.Trainer"
+    elif parent == "data" and not dataclasses.is_dataclass(schema) and isinstance(node, DictConfig):
+        keys = sorted(constructor_arguments(node._target_) or ())
+        allowed = f"{node._target_} takes {', '.join(keys)}"
     else:
         if dataclasses.is_dataclass(schema):
             keys = sorted(_schema_fields(schema))

@@ -5,6 +5,7 @@ import hashlib
 import io
 import json
 import os
+import secrets
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -13,11 +14,13 @@ from omegaconf import DictConfig, OmegaConf
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: into ``.<name>.partial`` beside it, then renamed over it,
-    so that a reader, or a kill during the write, sees the old file or the whole new one."""
+    """Write ``text`` to ``path`` atomically: into a temporary ``.<name>.<random>.partial`` beside it,
+    then renamed over it, so that a reader, or a kill during the write, sees the old file or the
+    whole new one, and processes writing the same file at once do not write into each other's."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
+    # Named by process and at random (not mkstemp, whose files are private to their owner).
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
     partial.write_text(text)
     os.replace(partial, path)
 

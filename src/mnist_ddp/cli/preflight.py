@@ -34,6 +34,7 @@ from mnist_ddp.cli.compose import Job
 from mnist_ddp.cli.job import METRICS_FILE, launcher_rank, launcher_restarts
 from mnist_ddp.cli.saved_run import data_set_of_run, saved_run_config
 from mnist_ddp.data.inputs import check_inputs
+from mnist_ddp.data.spec import DataSpec, check_same_data, read_data_spec
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.distributed.launch import check_rendezvous_address, launched_externally
 from mnist_ddp.distributed.layout import (
@@ -45,6 +46,7 @@ from mnist_ddp.distributed.layout import (
 )
 from mnist_ddp.errors import ConfigValueError, UsageError
 from mnist_ddp.loggers.trackers import check_tracker_packages
+from mnist_ddp.models.build import build_model
 from mnist_ddp.tasks.export import check_exporter, check_output, output_path
 
 #: The entry points that apply a training run's checkpoint instead of training, with what each
@@ -54,11 +56,12 @@ CHECKPOINT_USES = {"eval": "evaluation", "predict": "prediction", "export": "exp
 
 def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
     """Check the values of the ``jobs`` of a command line of ``python -m mnist_ddp.<config_name>``
-    (their keys are checked: :func:`mnist_ddp.cli.compose.composed_jobs`): each one's objects
-    and layout (:func:`check_job`; an export, one process with no Trainer:
-    :func:`check_export_job`), checkpoint (of the checkpoint's run for eval, predict, export:
-    :func:`checkpoint_run_model`), a prediction's inputs and run directory; last, once per data
-    set, the data (:func:`check_data`; not for a prediction, which reads no data set files).
+    (their keys are checked: :func:`mnist_ddp.cli.compose.composed_jobs`): for eval, predict and
+    export first the data set and model of the checkpoint's run (:func:`apply_checkpoint_run`);
+    each job's objects and layout (:func:`check_job`; an export, one process with no Trainer:
+    :func:`check_export_job`), its model built for its data (:func:`check_model`), the checkpoint, a
+    prediction's inputs and the run directory; last, once per data set, the data
+    (:func:`check_data`; not for a prediction, which reads no data set files).
 
     Raises:
         UsageError: the first problem found, as one line.
@@ -70,14 +73,14 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
     for job in jobs:
         output_dir = _output_dir(job)
         cfg = job.cfg
-        model = check_export_job(cfg) if config_name == "export" else check_job(cfg, training=training)
-        if not training:
-            model = checkpoint_run_model(cfg, job.overrides, model, CHECKPOINT_USES[config_name])
+        model_cfg = cfg.model if training else apply_checkpoint_run(cfg, job.overrides, CHECKPOINT_USES[config_name])
+        datamodule = check_export_job(cfg) if config_name == "export" else check_job(cfg, training=training)
+        model = check_model(cfg, model_cfg, datamodule, config_name)
         if cfg.get("ckpt_path") not in (None, "last"):  # "last": Lightning finds the run's own
             check_checkpoint(cfg.ckpt_path, model)
         if config_name == "predict":  # its inputs, instead of the data set's files
             world_size = cfg.trainer.num_nodes * processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices)
-            check_inputs(Path(cfg.input), world_size)
+            check_inputs(Path(cfg.input), world_size, model.data_spec, cfg.resize)
         elif (data := OmegaConf.to_container(cfg.data, resolve=True)) not in data_sets:  # resolved in its job
             data_sets.append(data)
     if not launched_externally() and config_name != "export":  # an export forms no process group
@@ -91,21 +94,18 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
             check_data(data, training=training)
 
 
-def checkpoint_run_model(
-    cfg: DictConfig, overrides: Sequence[str], model: L.LightningModule, purpose: str
-) -> L.LightningModule:
-    """For a command that applies a checkpoint (:data:`CHECKPOINT_USES`): set the data set keys of
-    ``cfg.data`` to those of the checkpoint's run (:func:`~mnist_ddp.cli.saved_run.data_set_of_run`,
-    against the job's ``overrides``), and build the run's model.
+def apply_checkpoint_run(cfg: DictConfig, overrides: Sequence[str], purpose: str) -> DictConfig:
+    """For a command that applies a checkpoint (:data:`CHECKPOINT_USES`): set ``cfg.data`` to the
+    data set of the checkpoint's run (:func:`~mnist_ddp.cli.saved_run.data_set_of_run`, against the
+    job's ``overrides``).
 
     Args:
         cfg: the job's config.
         overrides: the job's command-line overrides.
-        model: the model of this command's own config, for a run that left no config.
         purpose: what the command does with the checkpoint, for the message (``evaluation``).
 
     Returns:
-        The model of the checkpoint's run, or ``model`` when the run left no config.
+        The ``model`` node of the checkpoint's run, or ``cfg.model`` when the run left no config.
 
     Raises:
         ConfigValueError: for ``ckpt_path=last`` (a training run's resume in place, not a file),
@@ -117,8 +117,47 @@ def checkpoint_run_model(
             "ckpt_path=logs/runs/<run>/checkpoints/last.ckpt (or the best epoch_<N>.ckpt beside it)."
         )
     run = saved_run_config(Path(cfg.ckpt_path))
-    data_set_of_run(cfg.data, run, Path(cfg.ckpt_path), overrides)
-    return instantiate(run.model) if run is not None else model
+    data_set_of_run(cfg, run, Path(cfg.ckpt_path), overrides)
+    return run.model if run is not None else cfg.model
+
+
+def check_model(
+    cfg: DictConfig, model_cfg: DictConfig, datamodule: L.LightningDataModule, config_name: str
+) -> L.LightningModule:
+    """Build the job's model for its data, as every process will: the network for the data set's
+    image shape and classes (for a prediction, those the checkpoint keeps: it reads no data set
+    files). A checkpoint to apply must have been trained on that data
+    (:func:`~mnist_ddp.data.spec.check_same_data`); a training run's optimizer and schedule are
+    built once (:func:`check_schedule`).
+
+    Returns:
+        The model.
+
+    Raises:
+        UsageError: the first problem found, as one line.
+    """
+    checkpoint = cfg.get("ckpt_path")
+    applied = config_name in CHECKPOINT_USES
+    saved = _saved_spec(Path(checkpoint)) if applied else None
+    spec = saved if config_name == "predict" and saved is not None else datamodule.spec
+    if applied and config_name != "predict":
+        check_same_data(spec, saved, Path(checkpoint), cfg.data._target_)
+    try:
+        model = build_model(model_cfg, spec)
+    except InstantiationException as error:
+        raise _one_line("model", model_cfg, error) from None
+    if config_name not in CHECKPOINT_USES:
+        check_schedule(cfg.trainer, model, model_cfg.optimizer)
+    return model
+
+
+def _saved_spec(checkpoint: Path) -> DataSpec | None:
+    """The data spec ``checkpoint`` keeps (:func:`~mnist_ddp.data.spec.read_data_spec`); None when it
+    keeps none, or cannot be read (:func:`check_checkpoint` then says why, in one line)."""
+    try:
+        return read_data_spec(checkpoint)
+    except Exception:  # noqa: BLE001 - any unreadable file: reported by check_checkpoint
+        return None
 
 
 def _output_dir(job: Job) -> Path:
@@ -214,19 +253,18 @@ def check_data(data: dict, training: bool) -> None:
         datamodule.check_val_size()
 
 
-def check_job(cfg: DictConfig, training: bool = True) -> L.LightningModule:
-    """Build the cheap parts of one job and check its layout (for ``training``, also that the
-    global batch splits evenly over the processes: evaluation takes no optimizer step).
+def check_job(cfg: DictConfig, training: bool = True) -> L.LightningDataModule:
+    """Build the cheap parts of one job (its model: :func:`check_model`) and check its layout (for
+    ``training``, also that the global batch splits evenly over the processes: evaluation takes no
+    optimizer step).
 
     Returns:
-        The model it built, for the checkpoint's check.
+        The DataModule it built, for the model's check.
 
     Raises:
         UsageError: the first problem found, as one line.
     """
-    built = build_groups(cfg, ("data", "model", "strategy", "callbacks"))
-    if training:
-        check_schedule(cfg.trainer, built["model"], cfg.model.optimizer)
+    built = build_groups(cfg, ("data", "strategy", "callbacks"))
     accelerator, _ = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
     cuda = uses_cuda(accelerator)
     if cfg.trainer.num_nodes < 1:
@@ -246,7 +284,7 @@ def check_job(cfg: DictConfig, training: bool = True) -> L.LightningModule:
     )
     check_writable("paths.log_dir", Path(cfg.paths.log_dir))
     check_tracker_packages(cfg.logger)
-    return built["model"]
+    return built["data"]
 
 
 def build_groups(cfg: DictConfig, groups: Sequence[str]) -> dict[str, object]:
@@ -265,31 +303,37 @@ def build_groups(cfg: DictConfig, groups: Sequence[str]) -> dict[str, object]:
         try:
             built[group] = instantiate(cfg[group])
         except InstantiationException as error:
-            if isinstance(error.__cause__, UsageError):
-                raise error.__cause__ from None
-            hint = _unexpected_argument_hint(cfg[group], group, error.__cause__)
-            raise UsageError(f"{group}: {error.__cause__ or error}{hint}") from None
+            raise _one_line(group, cfg[group], error) from None
     return built
 
 
-def check_export_job(cfg: DictConfig) -> L.LightningModule:
-    """Build the parts of one export job (data set, model: :func:`build_groups`) and check its
-    output: the packages of its format installed, the file not there yet (an export never
-    overwrites one), its folder and ``paths.log_dir`` writable.
+def _one_line(group: str, node: DictConfig, error: InstantiationException) -> UsageError:
+    """The :class:`UsageError` for a config group whose class refused its arguments: the class's own
+    usage error, or its other error as one line naming the group (with the key to drop for an
+    unexpected keyword argument)."""
+    if isinstance(error.__cause__, UsageError):
+        return error.__cause__
+    return UsageError(f"{group}: {error.__cause__ or error}{_unexpected_argument_hint(node, group, error.__cause__)}")
+
+
+def check_export_job(cfg: DictConfig) -> L.LightningDataModule:
+    """Build the data set of one export job (:func:`build_groups`; its model: :func:`check_model`)
+    and check its output: the packages of its format installed, the file not there yet (an export
+    never overwrites one), its folder and ``paths.log_dir`` writable.
 
     Returns:
-        The model it built, for the checkpoint's check.
+        The DataModule it built, for the model's check.
 
     Raises:
         UsageError: the first problem found, as one line.
     """
-    built = build_groups(cfg, ("data", "model"))
+    built = build_groups(cfg, ("data",))
     check_exporter(cfg.format)
     output = output_path(cfg.ckpt_path, cfg.format, cfg.output)
     check_output(output)
     check_writable("output", output.parent)
     check_writable("paths.log_dir", Path(cfg.paths.log_dir))
-    return built["model"]
+    return built["data"]
 
 
 def check_schedule(trainer: DictConfig, model: L.LightningModule, optimizer: DictConfig) -> None:

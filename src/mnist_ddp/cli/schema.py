@@ -64,23 +64,63 @@ class IDXFilesConfig:
 
 @dataclass
 class DataConfig:
-    """``data`` group: arguments of :class:`mnist_ddp.data.datamodule.MNISTDataModule`."""
+    """The ``data`` keys every DataModule of the template takes: the arguments of
+    :class:`mnist_ddp.data.base.ClassificationDataModule` (``conf/data/base.yaml``).
+
+    Each data set's schema adds its own keys (:class:`IDXDataConfig`, :class:`FolderDataConfig`;
+    its YAML names it in its defaults list, ``idx_schema`` / ``folder_schema``). A data set of your
+    own needs no schema: its keys are checked against its class's signature
+    (:func:`mnist_ddp.cli.compose.unknown_keys`).
+    """
 
     _target_: str = MISSING
-    data_dir: str = MISSING
     global_batch_size: int = MISSING
-    val_size: int = MISSING
-    split_seed: int = MISSING
-    shuffle_seed: int = MISSING
     num_workers: int = MISSING
+    shuffle_seed: int = MISSING
+    crop_padding: int = MISSING
+    horizontal_flip: bool = MISSING
     prepare_data_per_node: bool = MISSING
     on_device: bool = MISSING
+
+
+@dataclass
+class IDXDataConfig(DataConfig):
+    """``data=mnist``, ``data=fashion_mnist`` (``conf/data/idx.yaml``): arguments of
+    :class:`mnist_ddp.data.datamodule.MNISTDataModule`."""
+
+    data_dir: str = MISSING
+    val_size: int = MISSING
+    split_seed: int = MISSING
     subdir: str = MISSING
     files: IDXFilesConfig = MISSING
     download: str | None = MISSING
     class_names: list[str] = MISSING
+    image_size: list[int] = MISSING
     mean: float = MISSING
     std: float = MISSING
+
+
+@dataclass
+class FolderDataConfig(DataConfig):
+    """``data=folder`` (``conf/data/folder.yaml``): arguments of
+    :class:`mnist_ddp.data.folder.ImageFolderDataModule`."""
+
+    root: str = MISSING
+    val_size: float = MISSING
+    split_seed: int = MISSING
+    image_size: list[int] | None = MISSING
+    channels: int | None = MISSING
+    mean: list[float] | None = MISSING
+    std: list[float] | None = MISSING
+    in_memory_limit_mib: int = MISSING
+    cache_dir: str | None = MISSING
+
+
+#: The class each data set schema describes: a ``data`` node typed by one of them builds that class.
+DATA_SCHEMA_TARGETS = {
+    IDXDataConfig: "mnist_ddp.data.datamodule.MNISTDataModule",
+    FolderDataConfig: "mnist_ddp.data.folder.ImageFolderDataModule",
+}
 
 
 @dataclass
@@ -255,9 +295,11 @@ class PathsConfig:
 @dataclass
 class JobConfig:
     """What every entry point's config holds: the groups that build the DataModule, model and DDP
-    Trainer. ``callbacks`` maps a name to a Lightning callback's ``_target_`` node."""
+    Trainer. ``callbacks`` maps a name to a Lightning callback's ``_target_`` node. ``data`` is
+    typed by its data set's own schema (a :class:`DataConfig`), or by none for a DataModule of
+    your own."""
 
-    data: DataConfig = MISSING
+    data: Any = MISSING
     model: ModelConfig = MISSING
     trainer: TrainerConfig = MISSING
     strategy: StrategyConfig = MISSING
@@ -295,13 +337,15 @@ class PredictConfig(JobConfig):
     """The composed config of ``python -m mnist_ddp.predict`` (``conf/predict.yaml``).
 
     ``ckpt_path`` and ``input`` are required: the checkpoint, and a folder of PNG or JPEG images,
-    one such image, or an IDX images file (``.gz`` too) (:mod:`mnist_ddp.data.inputs`). As for
-    eval, the model and the data set keys (normalization, class names) come from the checkpoint's
-    run; ``model`` is used only when the run left no config. The data set's files are not read.
+    one such image, or an IDX images file (``.gz`` too) (:mod:`mnist_ddp.data.inputs`); ``resize``
+    converts inputs of another shape instead of refusing them. As for eval, the model comes from
+    the checkpoint's run (``model`` only when the run left no config), the image shape,
+    normalization and class names from the checkpoint. The data set's files are not read.
     """
 
     ckpt_path: str = MISSING
     input: str = MISSING
+    resize: bool = MISSING
 
 
 class ExportFormat(str, Enum):
@@ -324,7 +368,7 @@ class ExportConfig:
     :class:`ExportFormat`; ``output`` is the file to write, or None for one beside the checkpoint.
     """
 
-    data: DataConfig = MISSING
+    data: Any = MISSING
     model: ModelConfig = MISSING
     paths: PathsConfig = MISSING
     seed: int = MISSING
@@ -354,7 +398,7 @@ def upgrade_targets(node: Any) -> Any:
 
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore (named in ``conf/config.yaml``, ``conf/eval.yaml``,
-    ``conf/predict.yaml`` and ``conf/export.yaml``), and register the ``${run_stamp:}`` resolver of
+    ``conf/predict.yaml``, ``conf/export.yaml`` and ``conf/data/``), and register the ``${run_stamp:}`` resolver of
     the run directory names (:func:`mnist_ddp.cli.outputs.run_stamp`)."""
     if not OmegaConf.has_resolver("run_stamp"):
         # Cached, like Hydra's ${now:}: every job of a sweep resolves the sweep's directory alike.
@@ -363,3 +407,6 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
     ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
     ConfigStore.instance().store(name="export_schema", node=ExportConfig)
+    # The data sets' schemas, named in the defaults of conf/data/idx.yaml and folder.yaml.
+    ConfigStore.instance().store(group="data", name="idx_schema", node=IDXDataConfig)
+    ConfigStore.instance().store(group="data", name="folder_schema", node=FolderDataConfig)

@@ -1,8 +1,9 @@
 """The IDX file format of MNIST and its family: finding or downloading the four files, checking
 them, and reading them into tensors.
 
-A data set in this format is four files, two per split: ``(N, 28, 28)`` uint8 images and ``(N,)``
-uint8 labels in ``0..NUM_CLASSES - 1`` (http://yann.lecun.com/exdb/mnist/, "the IDX file format").
+A data set in this format is four files, two per split: ``(N, H, W)`` uint8 images (28x28 for
+MNIST) and ``(N,)`` uint8 labels in ``0..C - 1`` for ``C`` classes (http://yann.lecun.com/exdb/mnist/,
+"the IDX file format").
 Each file may be uncompressed or gzip-compressed, as MNIST and its family ship (``<name>.gz``): a
 gzipped file is decompressed in memory as it is read, never onto disk, so the data folder may be
 read-only (:func:`find_idx_file`).
@@ -26,9 +27,6 @@ from torch import Tensor
 
 from mnist_ddp.errors import DataFormatError, DataNotAvailableError, first_line
 
-#: The number of classes: labels are ``0..9``; every network outputs that many logits.
-NUM_CLASSES = 10
-
 #: The four files of the original data set (http://yann.lecun.com/exdb/mnist/), uncompressed,
 #: as torchvision expects them in ``<data_dir>/MNIST/raw/``, by the role each plays.
 MNIST_FILES = {
@@ -37,9 +35,6 @@ MNIST_FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-
-#: The image size every network of this template takes (:mod:`mnist_ddp.models.networks`).
-IMAGE_SIZE = (28, 28)
 
 
 def import_class(path: str) -> type:
@@ -169,17 +164,26 @@ def ensure_mnist_files(data_dir: Path) -> Path:
     return ensure_idx_files(Path(data_dir) / "MNIST" / "raw", list(MNIST_FILES.values()))
 
 
-IMAGES_KIND, LABELS_KIND = "uint8 images (N, 28, 28)", "uint8 labels (N,)"
+IMAGES_KIND, LABELS_KIND = "uint8 images (N, H, W)", "uint8 labels (N,)"
 
 
 def check_idx_split(
-    images_file: Path, labels_file: Path, num_classes: int, images_shape: tuple[int, ...] | None = None
+    images_file: Path,
+    labels_file: Path,
+    num_classes: int,
+    images_shape: tuple[int, ...] | None = None,
+    image_size: Sequence[int] | None = None,
 ) -> Tensor:
     """Check one split's two IDX files without holding the images in memory: their headers and
-    sizes, the image size, the sample counts, and the labels (small: one byte per sample).
+    sizes, the sample counts, the labels (small: one byte per sample), and, given ``image_size``,
+    the image size.
 
-    ``images_shape``: the images' shape when they have been read already (their header and size
-    checked: :func:`read_idx_file`), so that the images file is not read again.
+    Args:
+        images_file, labels_file: the split's files.
+        num_classes: labels must be ``0..num_classes - 1``.
+        images_shape: the images' shape when they have been read already (their header and size
+            checked: :func:`read_idx_file`), so that the images file is not read again.
+        image_size: ``(H, W)`` the images must have (``data.image_size``).
 
     Returns:
         The labels, ``(N,)`` int64 in ``0..num_classes - 1``.
@@ -188,11 +192,16 @@ def check_idx_split(
         DataNotAvailableError: when a file cannot be read (see :func:`check_idx_file`).
         DataFormatError: naming the file, when a file is not an IDX file of the expected kind
             (images: 3 dimensions, uint8; labels: 1 dimension, uint8), is truncated, or is a
-            truncated or corrupt gzip file (see :func:`check_idx_file`), the images are not 28x28,
-            the two files hold different numbers of samples, or a label is outside the classes.
+            truncated or corrupt gzip file (see :func:`check_idx_file`), the images are not of
+            ``image_size``, the two files hold different numbers of samples, or a label is
+            outside the classes.
     """
     count, *size = images_shape or check_idx_file(images_file, 3, IMAGES_KIND)
-    check_image_size(images_file, size)
+    if image_size is not None and tuple(size) != tuple(image_size):
+        raise DataFormatError(
+            f"{images_file} holds {size[0]}x{size[1]} images; data.image_size is {image_size[0]}x{image_size[1]}. "
+            f"Set data.image_size=[{size[0]},{size[1]}] if that is the data set's size (both splits need one size)."
+        )
     labels = read_idx_file(labels_file, 1, LABELS_KIND).long()
     if count != len(labels):
         raise DataFormatError(f"{images_file} holds {count} images but {labels_file} {len(labels)} labels.")
@@ -204,29 +213,12 @@ def check_idx_split(
     return labels
 
 
-def check_image_size(images_file: Path, size: Sequence[int]) -> None:
-    """Refuse an IDX images file whose images are not :data:`IMAGE_SIZE`.
-
-    Args:
-        images_file: the file, for the message.
-        size: its images' ``(height, width)`` in pixels, from its header.
-
-    Raises:
-        DataFormatError: naming the file, its image size and the networks' own.
-    """
-    if tuple(size) != IMAGE_SIZE:
-        raise DataFormatError(
-            f"{images_file} holds {size[0]}x{size[1]} images; this template's networks take {IMAGE_SIZE[0]}x"
-            f"{IMAGE_SIZE[1]} (resize the data set, or change the networks in mnist_ddp/models/networks.py)."
-        )
-
-
 def read_idx_split(images_file: Path, labels_file: Path, num_classes: int) -> tuple[Tensor, Tensor]:
     """Read one split's images and labels from their IDX files (uncompressed or gzipped), with the
     checks of :func:`check_idx_split` (whose errors it raises).
 
     Returns:
-        images ``(N, 28, 28)`` uint8 and labels ``(N,)`` int64 in ``0..num_classes - 1``.
+        images ``(N, H, W)`` uint8 and labels ``(N,)`` int64 in ``0..num_classes - 1``.
     """
     images = read_idx_file(images_file, 3, IMAGES_KIND)  # read once, a gzipped file decompressed once
     return images, check_idx_split(images_file, labels_file, num_classes, tuple(images.shape))
@@ -310,8 +302,8 @@ def _check_header(path: Path, header: bytes, size: int, ndim: int, kind: str) ->
         path: the file, for the messages.
         header: the content's first ``4 + 4 * ndim`` bytes (fewer when the content is shorter).
         size: the content's size in bytes.
-        ndim: the dimensions it must have (3: images ``(N, 28, 28)``, 1: labels ``(N,)``).
-        kind: what it holds, for the messages (``"uint8 images (N, 28, 28)"``).
+        ndim: the dimensions it must have (3: images ``(N, H, W)``, 1: labels ``(N,)``).
+        kind: what it holds, for the messages (``"uint8 images (N, H, W)"``).
 
     Returns:
         The shape the header announces.

@@ -1,37 +1,29 @@
 """The inputs of ``python -m mnist_ddp.predict``: a folder of PNG or JPEG images, one such image, or
 an IDX images file (uncompressed or gzipped), found, checked and read.
 
-Every image must be what the networks take: 28x28 pixels (:data:`~mnist_ddp.data.idx.IMAGE_SIZE`),
-in the gray levels of the data set the model was trained on (MNIST: a white digit on black, as its
-IDX files hold them). A colour image is read as gray (torchvision's ``ImageReadMode.GRAY``), a
-16-bit one scaled to 8 bits; an image of another size is refused, not resized, since how to bring
-it to 28x28 (crop, pad, scale) changes what the model sees, and is the user's choice.
+Every image must be what the model takes: its data set's image shape ``(C, H, W)`` (the
+checkpoint's :class:`~mnist_ddp.data.spec.DataSpec`), in the pixel values of that data set (MNIST:
+a white digit on black, as its IDX files hold them). An image of another size or channel count is
+refused, not converted, since how to bring it to the model's shape (crop, pad, scale; which colour
+to keep) changes what the model sees and is the user's choice; with ``resize=true`` every input is
+converted to the model's channels (Pillow's conversion: RGB to gray by luma, gray to RGB by copying)
+and resized to its size (bilinear, antialiased) instead. A 16-bit image is scaled to 8 bits.
 
 An input is named by its path relative to the folder (``/``-separated), its file name, or its index
 in the IDX file; the inputs are in the order of those names (sorted paths, or the file's order),
 which is the order of the predictions.
 """
 
-import re
 from pathlib import Path
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
-from torchvision.io import ImageReadMode, decode_image
-from torchvision.transforms.v2.functional import to_dtype
 
-from mnist_ddp.data.datamodule import normalize
-from mnist_ddp.data.idx import IMAGE_SIZE, IMAGES_KIND, check_idx_file, check_image_size, read_idx_file
-from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError, first_line
-
-#: The file name suffixes of the images read (any case); every other file in a folder is left out.
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-
-
-def is_image_file(path: Path) -> bool:
-    """Whether ``path`` names a PNG or JPEG image by its suffix (:data:`IMAGE_SUFFIXES`)."""
-    return path.suffix.lower() in IMAGE_SUFFIXES
+from mnist_ddp.data.idx import IMAGES_KIND, check_idx_file, read_idx_file
+from mnist_ddp.data.images import IMAGE_SUFFIXES, converted, decode_image_file, is_image_file, resized
+from mnist_ddp.data.spec import DataSpec
+from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 
 
 def list_inputs(path: Path) -> list[str]:
@@ -39,14 +31,14 @@ def list_inputs(path: Path) -> list[str]:
 
     Args:
         path: a folder (every PNG or JPEG file in it and its subfolders, by its path relative to
-            ``path``, sorted), a PNG or JPEG file (its name), or an IDX file of ``(N, 28, 28)``
-            uint8 images, uncompressed or gzipped (``"0"`` .. ``"N-1"``). The images of a folder
-            are not decoded here (:func:`check_inputs` does).
+            ``path``, sorted), a PNG or JPEG file (its name), or an IDX file of ``(N, H, W)`` uint8
+            images, uncompressed or gzipped (``"0"`` .. ``"N-1"``). Nothing is decoded here
+            (:func:`check_inputs` does).
 
     Raises:
         DataNotAvailableError: when ``path`` does not exist or cannot be read.
         DataFormatError: for a folder that holds no image, and for a file that is neither an
-            image by its suffix nor an IDX file of 28x28 images (named, with what it holds).
+            image by its suffix nor an IDX images file (named, with what it holds).
     """
     path = Path(path)
     if not path.exists():
@@ -59,8 +51,7 @@ def list_inputs(path: Path) -> list[str]:
         elif is_image_file(path):
             return [path.name]
         else:
-            count, *size = check_idx_file(path, 3, IMAGES_KIND)
-            check_image_size(path, size)
+            count, *_ = check_idx_file(path, 3, IMAGES_KIND)
             return [str(index) for index in range(count)]
     except PermissionError as error:
         raise DataNotAvailableError(
@@ -72,58 +63,54 @@ def list_inputs(path: Path) -> list[str]:
         others = f" (it holds {len(files)} other file{'s' * (len(files) > 1)}, such as {files[0]})" if files else ""
         raise DataFormatError(
             f"input={path} holds no PNG or JPEG image ({', '.join(IMAGE_SUFFIXES)}, in it or its subfolders)"
-            f"{others}. Point input at a folder of 28x28 grayscale images, or at an IDX images file."
+            f"{others}. Point input at a folder of images like the training images, or at an IDX images file."
         )
     return images
 
 
-def decode(file: Path) -> Tensor:
-    """Read one image file as the networks take it.
+def _shape_text(shape: tuple[int, ...]) -> str:
+    channels, height, width = shape
+    kind = {1: "gray", 2: "gray + alpha", 3: "RGB", 4: "RGB + alpha"}.get(channels, f"{channels}-channel")
+    return f"{height}x{width} {kind}"
 
-    Returns:
-        Its pixels, ``(28, 28)`` uint8 gray levels (colour converted to gray, 16 bits scaled to 8).
+
+def fit_to_model(pixels: Tensor, spec: DataSpec, name: str, resize: bool) -> Tensor:
+    """``pixels`` ``(C, H, W)`` uint8 of the input ``name`` as the model takes them: the same when
+    they have its shape, converted and resized with ``resize``, else refused.
 
     Raises:
-        DataNotAvailableError: when the file cannot be read.
-        DataFormatError: naming the file, when it cannot be decoded as an image, or it is not 28x28.
+        DataFormatError: naming the input, its shape, the model's and the fix.
     """
-    try:
-        content = torch.frombuffer(bytearray(Path(file).read_bytes()), dtype=torch.uint8)
-    except OSError as error:
-        raise DataNotAvailableError(f"{file} cannot be read ({error.strerror or error}).") from None
-    try:
-        image = decode_image(content, mode=ImageReadMode.GRAY)
-    except RuntimeError as error:
-        # torchvision prefixes its reason with the C++ function, file and line: left out.
-        reason = re.sub(r"^.*?\.cpp:\d+, ", "", first_line(error))
+    if tuple(pixels.shape) == spec.input_shape:
+        return pixels
+    if not resize:
         raise DataFormatError(
-            f"{file} cannot be decoded as an image ({reason}). Replace it with a PNG or JPEG image, or remove it."
-        ) from None
-    if tuple(image.shape[1:]) != IMAGE_SIZE:
-        height, width = image.shape[1:]
-        raise DataFormatError(
-            f"{file} is {height}x{width} pixels; the model takes {IMAGE_SIZE[0]}x{IMAGE_SIZE[1]} grayscale images "
-            "as its data set holds them. Resize or crop it to that size (as the training images were made), "
-            "or remove it."
+            f"{name}: {_shape_text(tuple(pixels.shape))}, and the model takes {_shape_text(spec.input_shape)} "
+            "images, as its data set holds them. Bring it to that shape (as the training images were made), or "
+            "pass resize=true to convert and resize every input."
         )
-    return to_dtype(image[0], torch.uint8, scale=True)
+    return resized(converted(pixels, spec.channels), spec.image_size)
 
 
-def check_inputs(path: Path, world_size: int) -> list[str]:
+def check_inputs(path: Path, world_size: int, spec: DataSpec, resize: bool = False) -> list[str]:
     """Check the inputs at ``path`` before any process starts: found (:func:`list_inputs`), every
-    image file decoded (:func:`decode`; an IDX file's header and size were checked by the listing),
-    and at least one for each of the ``world_size`` replicas.
+    image decoded and of the model's shape (:func:`fit_to_model`), and at least one for each of the
+    ``world_size`` replicas.
 
     Returns:
         Their names (:func:`list_inputs`).
 
     Raises:
-        DataNotAvailableError, DataFormatError: see :func:`list_inputs` and :func:`decode`.
+        DataNotAvailableError, DataFormatError: see :func:`list_inputs`, :func:`fit_to_model` and
+            :func:`~mnist_ddp.data.images.decode_image_file`.
         ConfigValueError: for fewer inputs than replicas, naming the process count that fits.
     """
-    names = list_inputs(path)
-    for file in image_files(path, names) or []:
-        decode(file)
+    images = InputImages(path, spec, resize)
+    for index in range(len(images)) if images.files is not None else ():
+        images.pixels_of(index)
+    if images.files is None:  # an IDX file: one shape for all its images
+        fit_to_model(images.pixels[0], spec, f"input={path} (its images)", resize)
+    names = images.names
     if len(names) < world_size:
         raise ConfigValueError(
             f"input={path} holds {len(names)} input{'s' * (len(names) > 1)}, fewer than the world_size={world_size} "
@@ -145,34 +132,39 @@ def image_files(path: Path, names: list[str]) -> list[Path] | None:
 class InputImages(Dataset):
     """The inputs at ``path`` (:func:`list_inputs`) as the model takes them, served a batch at a time.
 
-    Each batch is ``(images,)``: ``(B, 1, 28, 28)`` float32, normalized as the training images were,
-    ``(pixel / 255 - mean) / std`` (:func:`~mnist_ddp.data.datamodule.normalize`). An IDX file is read
-    whole once (a few MB); image files are decoded as their batch is served, so that each replica
-    decodes only its own shard. Like the DataModule's datasets it serves whole batches
-    (``__getitems__``): a DataLoader over it needs ``collate_fn=default_convert``.
+    Each batch is ``(images,)``: ``(B, C, H, W)`` float32, normalized as the training images were
+    (:meth:`~mnist_ddp.data.spec.DataSpec.normalize`). An IDX file is read whole once (a few MB);
+    image files are decoded as their batch is served, so that each replica decodes only its own
+    shard. It serves whole batches (``__getitems__``), as a
+    :class:`~mnist_ddp.data.base.GatherDataset` does: a DataLoader over it needs
+    ``collate_fn=default_convert``.
 
     Args:
         path: the folder, image file or IDX file.
-        mean: the training pixels' mean on a 0..1 scale (``data.mean`` of the checkpoint's run).
-        std: their standard deviation (``data.std``).
+        spec: the data set the model was trained on (the checkpoint's): shape and normalization.
+        resize: convert and resize inputs of another shape (default False: refused; see :func:`fit_to_model`).
 
     Raises:
-        DataNotAvailableError, DataFormatError: see :func:`list_inputs` and :func:`decode`.
+        DataNotAvailableError, DataFormatError: see :func:`list_inputs` and :func:`fit_to_model`.
     """
 
-    def __init__(self, path: Path, mean: float, std: float) -> None:
-        self.path, self.mean, self.std = Path(path), mean, std
+    def __init__(self, path: Path, spec: DataSpec, resize: bool = False) -> None:
+        self.path, self.spec, self.resize = Path(path), spec, resize
         self.names = list_inputs(self.path)
         self.files = image_files(self.path, self.names)
-        self.pixels = read_idx_file(self.path, 3, IMAGES_KIND) if self.files is None else None
+        self.pixels = read_idx_file(self.path, 3, IMAGES_KIND).unsqueeze(1) if self.files is None else None
 
     def __len__(self) -> int:
         return len(self.names)
 
-    def __getitems__(self, indices: list[int]) -> tuple[Tensor]:
-        """``indices``: the batch's ``B`` input indices -> ``(images,)``, ``(B, 1, 28, 28)`` float32."""
-        if self.pixels is not None:
-            pixels = self.pixels[torch.as_tensor(indices, dtype=torch.int64)]
+    def pixels_of(self, index: int) -> Tensor:
+        """Input ``index`` as the model takes it, ``(C, H, W)`` uint8 (not normalized)."""
+        if self.files is not None:
+            pixels, name = decode_image_file(self.files[index]), str(self.files[index])
         else:
-            pixels = torch.stack([decode(self.files[index]) for index in indices])
-        return (normalize(pixels, self.mean, self.std),)
+            pixels, name = self.pixels[index], f"input={self.path}: image {index}"
+        return fit_to_model(pixels, self.spec, name, self.resize)
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor]:
+        """``indices``: the batch's ``B`` input indices -> ``(images,)``, ``(B, C, H, W)`` float32."""
+        return (self.spec.normalize(torch.stack([self.pixels_of(index) for index in indices])),)

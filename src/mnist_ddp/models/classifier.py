@@ -5,7 +5,7 @@ averages gradients over the process group with AllReduce before each optimizer s
 """
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import lightning as L
 import torch
@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from mnist_ddp.data.idx import NUM_CLASSES
+from mnist_ddp.data.spec import CHECKPOINT_KEY, DataSpec
 from mnist_ddp.errors import ConfigValueError
 
 
@@ -28,7 +28,8 @@ class MNISTClassifier(L.LightningModule):
     over all processes before ``compute``, so each sample counts exactly once).
 
     Args:
-        net: module mapping ``(N, 1, 28, 28)`` images to ``(N, 10)`` logits.
+        net: module mapping ``(N, C, H, W)`` images to ``(N, num_classes)`` logits, built for the data
+            (:func:`mnist_ddp.models.build.build_model` gives it the data's shape and class count).
         optimizer: ``functools.partial`` of a ``torch.optim.Optimizer`` missing only the parameters
             (Hydra ``_partial_: true``).
         scheduler: partial of a ``torch.optim.lr_scheduler`` missing only the optimizer, or None
@@ -39,6 +40,11 @@ class MNISTClassifier(L.LightningModule):
         compile: compile ``net`` with ``torch.compile`` (``nn.Module.compile``, in place, so
             checkpoint keys stay those of the plain module) before training (default False).
             Worth it on GPUs; the first steps then include the compilation (tens of seconds).
+        data_spec: the data set's facts (:class:`~mnist_ddp.data.spec.DataSpec`, or its
+            :meth:`~mnist_ddp.data.spec.DataSpec.to_dict`): the class count of the metrics. Every
+            checkpoint keeps it (key :data:`~mnist_ddp.data.spec.CHECKPOINT_KEY`), so that
+            ``predict`` and ``export`` know the classes, image shape and normalization the network
+            was trained for.
     """
 
     def __init__(
@@ -48,6 +54,8 @@ class MNISTClassifier(L.LightningModule):
         scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None,
         scheduler_interval: str = "step",
         compile: bool = False,
+        *,
+        data_spec: DataSpec | Mapping,
     ) -> None:
         super().__init__()
         # No save_hyperparameters(): the partials would be pickled into every checkpoint, which then
@@ -60,8 +68,9 @@ class MNISTClassifier(L.LightningModule):
         self.compile_net = compile
         # Optimizer steps of the schedule in the checkpoint fit resumes from (set by on_load_checkpoint).
         self.resumed_schedule_steps: int | None = None
-        self.val_acc = MulticlassAccuracy(NUM_CLASSES, average="micro")
-        self.test_acc = MulticlassAccuracy(NUM_CLASSES, average="micro")
+        self.data_spec = data_spec if isinstance(data_spec, DataSpec) else DataSpec.from_dict(data_spec)
+        self.val_acc = MulticlassAccuracy(self.data_spec.num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(self.data_spec.num_classes, average="micro")
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
 
@@ -138,8 +147,8 @@ class MNISTClassifier(L.LightningModule):
         return self._evaluate(batch, self.test_loss, self.test_acc, "test")
 
     def predict_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
-        """``(images,)``, normalized ``(N, 1, 28, 28)`` float32 images as in training (labels, if the
-        batch has them, are ignored) -> ``(N, 10)`` float32 class probabilities (softmax of the logits)."""
+        """``(images,)``, normalized ``(N, C, H, W)`` float32 images as in training (labels, if the
+        batch has them, are ignored) -> ``(N, num_classes)`` float32 class probabilities (softmax of the logits)."""
         return self(batch[0]).softmax(dim=1)
 
     def _evaluate(
@@ -162,6 +171,7 @@ class MNISTClassifier(L.LightningModule):
         # masks of equal shapes), so rank 0's generator state is every rank's. Restored on resume,
         # it makes the resumed run draw the masks the uninterrupted run would have drawn.
         checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
+        checkpoint[CHECKPOINT_KEY] = self.data_spec.to_dict()
         if self.device.type == "cuda":
             checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state(self.device)
 

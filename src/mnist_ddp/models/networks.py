@@ -1,47 +1,76 @@
-"""The networks: each maps ``(N, 1, 28, 28)`` float32 images to ``(N, NUM_CLASSES)`` logits.
+"""The networks: each maps ``(N, C, H, W)`` float32 images to ``(N, num_classes)`` logits.
 
-Add yours here (or in a module of your own) and name it in a ``conf/model/*.yaml``'s ``net._target_``.
+Every network takes the data's shape and class count as its first three arguments, ``in_channels``
+(``C``), ``image_size`` (``(H, W)``) and ``num_classes``, which the template fills from the data set
+(:meth:`mnist_ddp.data.spec.DataSpec.network_arguments`, :func:`mnist_ddp.models.build.build_model`):
+they are never written in a YAML. The rest are the network's own, set in ``conf/model/*.yaml``.
+
+Add yours here (or in a module of your own) with the same three first arguments, and name it in a
+``conf/model/*.yaml``'s ``net._target_``.
 """
 
 from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from mnist_ddp.data.idx import NUM_CLASSES
+from mnist_ddp.errors import ConfigValueError
 
 
 class CNN(nn.Module):
-    """Two 5x5 conv blocks and a two-layer classifier head (about 0.18 M parameters by default).
+    """Two 5x5 conv blocks and a two-layer classifier head (about 0.18 M parameters on MNIST by default).
 
-    Shapes: input ``(N, 1, 28, 28)`` float32 -> conv/[BatchNorm]/ReLU/max-pool ``(N, c1, 12, 12)`` ->
-    conv/[BatchNorm]/ReLU/max-pool ``(N, c2, 4, 4)`` -> linear ``(N, hidden)`` -> dropout -> logits ``(N, 10)``.
+    Shapes: input ``(N, C, H, W)`` float32 -> conv/[BatchNorm]/ReLU/max-pool ``(N, c1, (H - 4) // 2,
+    (W - 4) // 2)`` -> conv/[BatchNorm]/ReLU/max-pool ``(N, c2, h, w)`` with ``h = ((H - 4) // 2 - 4) // 2``
+    (4 for 28, 5 for 32) -> linear ``(N, hidden)`` -> dropout -> logits ``(N, num_classes)``.
 
     Args:
+        in_channels: ``C``, channels of the input images (from the data).
+        image_size: ``(H, W)`` of the input images in pixels (from the data); at least 16 each.
+        num_classes: logits out (from the data).
         channels: output channels ``(c1, c2)`` of the two conv layers (default ``(32, 64)``).
         hidden: width of the hidden linear layer (default 128).
         dropout: dropout probability before the last layer (default 0.5; 0 makes the net
             deterministic, as the DDP equivalence checks need).
         batch_norm: BatchNorm2d after each conv (default False). Under DDP each process normalizes
             with its own micro-batch's statistics unless ``trainer.sync_batchnorm=true`` (GPUs only).
+
+    Raises:
+        ConfigValueError: for images smaller than 16x16, which two 5x5 convs and two poolings
+            would reduce to nothing.
     """
 
     def __init__(
-        self, channels: Sequence[int] = (32, 64), hidden: int = 128, dropout: float = 0.5, batch_norm: bool = False
+        self,
+        in_channels: int,
+        image_size: Sequence[int],
+        num_classes: int,
+        channels: Sequence[int] = (32, 64),
+        hidden: int = 128,
+        dropout: float = 0.5,
+        batch_norm: bool = False,
     ) -> None:
         super().__init__()
         c1, c2 = channels
+        # Each block: a 5x5 conv without padding (-4 pixels), then a 2x2 max-pool (halves, rounding down).
+        height, width = (((size - 4) // 2 - 4) // 2 for size in image_size)
+        if min(height, width) < 1:
+            raise ConfigValueError(
+                f"model=cnn takes images of at least 16x16 pixels; the data's are {image_size[0]}x{image_size[1]}. "
+                "Resize them (data.image_size for a folder of images) or choose another model."
+            )
 
         def block(c_in: int, c_out: int) -> list[nn.Module]:
             norm = [nn.BatchNorm2d(c_out)] if batch_norm else []
             return [nn.Conv2d(c_in, c_out, kernel_size=5), *norm, nn.ReLU(), nn.MaxPool2d(2)]
 
-        self.features = nn.Sequential(*block(1, c1), *block(c1, c2))
+        self.features = nn.Sequential(*block(in_channels, c1), *block(c1, c2))
         self.classifier = nn.Sequential(
-            nn.Flatten(), nn.Linear(c2 * 4 * 4, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, NUM_CLASSES),
+            nn.Flatten(), nn.Linear(c2 * height * width, hidden), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(hidden, num_classes),
         )  # fmt: skip
 
     def forward(self, images: Tensor) -> Tensor:
-        """``(N, 1, 28, 28)`` float32 images -> ``(N, 10)`` float32 logits."""
+        """``(N, C, H, W)`` float32 images -> ``(N, num_classes)`` float32 logits."""
         return self.classifier(self.features(images))
 
 
@@ -49,23 +78,103 @@ class MLP(nn.Module):
     """A multilayer perceptron on the flattened image: the model group's second option
     (``model=mlp``), which shows that swapping the network is a config change only.
 
-    Shapes: input ``(N, 1, 28, 28)`` float32 -> flatten ``(N, 784)`` -> for each hidden width
-    ``h``: linear ``(N, h)`` -> ReLU -> dropout -> linear -> logits ``(N, 10)``.
+    Shapes: input ``(N, C, H, W)`` float32 -> flatten ``(N, C * H * W)`` -> for each hidden width
+    ``h``: linear ``(N, h)`` -> ReLU -> dropout -> linear -> logits ``(N, num_classes)``.
 
     Args:
+        in_channels, image_size, num_classes: the data's (see :class:`CNN`).
         hidden: widths of the hidden layers (default ``(256, 128)``).
         dropout: dropout probability after each hidden layer (default 0.2).
-        in_features: pixels per image (default 28 * 28).
     """
 
-    def __init__(self, hidden: Sequence[int] = (256, 128), dropout: float = 0.2, in_features: int = 28 * 28) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        image_size: Sequence[int],
+        num_classes: int,
+        hidden: Sequence[int] = (256, 128),
+        dropout: float = 0.2,
+    ) -> None:
         super().__init__()
+        in_features = in_channels * image_size[0] * image_size[1]
         layers: list[nn.Module] = [nn.Flatten()]
         for width in hidden:
             layers += [nn.Linear(in_features, width), nn.ReLU(), nn.Dropout(dropout)]
             in_features = width
-        self.layers = nn.Sequential(*layers, nn.Linear(in_features, NUM_CLASSES))
+        self.layers = nn.Sequential(*layers, nn.Linear(in_features, num_classes))
 
     def forward(self, images: Tensor) -> Tensor:
-        """``(N, 1, 28, 28)`` float32 images -> ``(N, 10)`` float32 logits."""
+        """``(N, C, H, W)`` float32 images -> ``(N, num_classes)`` float32 logits."""
         return self.layers(images)
+
+
+class BasicBlock(nn.Module):
+    """A residual block of two 3x3 convs with BatchNorm, ``x + F(x)`` (He et al. 2016, "Deep Residual
+    Learning for Image Recognition", figure 2); a strided 1x1 conv on the shortcut where the block
+    changes the width or the resolution (their option B)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.residual = nn.Sequential(
+            nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(),
+            nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out),
+        )  # fmt: skip
+        self.shortcut = (
+            nn.Identity()
+            if stride == 1 and c_in == c_out
+            else nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+        )
+        self.relu = nn.ReLU()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(N, c_in, H, W)`` -> ``(N, c_out, H / stride, W / stride)``."""
+        return self.relu(self.residual(x) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """A small ResNet for 32x32 images such as CIFAR-10: the CIFAR variant of He et al. 2016
+    (section 4.2): a 3x3 stem, three stages of :class:`BasicBlock` (the second and third halve the
+    resolution and widen), global average pooling and a linear layer. ``blocks=(3, 3, 3)`` is their
+    ResNet-20 (0.27 M parameters); the default ``(1, 1, 1)``, a ResNet-8, is sized for CPUs.
+
+    Shapes: input ``(N, C, H, W)`` float32 -> stem ``(N, w1, H, W)`` -> stages ``(N, w1, H, W)``,
+    ``(N, w2, H/2, W/2)``, ``(N, w3, H/4, W/4)`` -> average pool ``(N, w3)`` -> logits ``(N, num_classes)``.
+    Global pooling makes it take any image size of at least 4x4.
+
+    Args:
+        in_channels, image_size, num_classes: the data's (see :class:`CNN`); ``image_size`` is
+            not needed by the layers and only checked.
+        widths: channels ``(w1, w2, w3)`` of the three stages (default ``(16, 32, 64)``, the paper's).
+        blocks: residual blocks per stage (default ``(1, 1, 1)``).
+
+    Raises:
+        ConfigValueError: for images smaller than 4x4 pixels.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        image_size: Sequence[int],
+        num_classes: int,
+        widths: Sequence[int] = (16, 32, 64),
+        blocks: Sequence[int] = (1, 1, 1),
+    ) -> None:
+        super().__init__()
+        if min(image_size) < 4:
+            raise ConfigValueError(
+                f"model=resnet takes images of at least 4x4 pixels; the data's are {image_size[0]}x{image_size[1]}."
+            )
+        layers: list[nn.Module] = [
+            nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(),
+        ]  # fmt: skip
+        c_in = widths[0]
+        for stage, (width, count) in enumerate(zip(widths, blocks)):
+            for index in range(count):
+                layers.append(BasicBlock(c_in, width, stride=2 if stage > 0 and index == 0 else 1))
+                c_in = width
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.classifier = nn.Linear(c_in, num_classes)
+
+    def forward(self, images: Tensor) -> Tensor:
+        """``(N, C, H, W)`` float32 images -> ``(N, num_classes)`` float32 logits."""
+        return self.classifier(self.features(images))

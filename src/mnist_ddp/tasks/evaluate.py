@@ -21,7 +21,9 @@ from mnist_ddp.cli.job import METRICS_FILE, run_job
 from mnist_ddp.cli.outputs import write_json
 from mnist_ddp.cli.saved_run import model_config, use_data_set_of_run
 from mnist_ddp.cli.trainer import build_trainer
+from mnist_ddp.data.spec import check_same_data, read_data_spec
 from mnist_ddp.distributed.host_memory import keep_freed_host_memory
+from mnist_ddp.models.build import build_model
 
 log = logging.getLogger(__name__)
 info = rank_zero_only(log.info)
@@ -54,7 +56,8 @@ def evaluate(cfg: DictConfig) -> dict:
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
-    model: L.LightningModule = instantiate(model_config(cfg, checkpoint))
+    check_same_data(datamodule.spec, read_data_spec(checkpoint), checkpoint, cfg.data._target_)
+    model = build_model(model_config(cfg, checkpoint), datamodule.spec)
     trainer, layout = build_trainer(cfg, evaluation=True)
 
     with stop_on_signals(trainer):

@@ -6,17 +6,19 @@ for onnxruntime and other ONNX runtimes) or a ``torch.export`` program (``format
 loaded with ``torch.export.load``). By default the file goes beside the checkpoint, named after it
 (``epoch_002.ckpt`` -> ``epoch_002.onnx`` / ``epoch_002.pt2``); ``output=<file>`` puts it elsewhere.
 
-The exported model's contract (:class:`PixelClassifier`):
+The exported model's contract (:class:`PixelClassifier`), from the data set the checkpoint was
+trained on (its :class:`~mnist_ddp.data.spec.DataSpec`):
 
-- input ``images``: ``(N, 1, 28, 28)`` uint8 gray levels 0..255, as the data set's IDX files hold
-  them (MNIST: a white digit on black), for any batch size ``N`` (a dynamic dimension);
-- output ``logits``: ``(N, 10)`` float32; softmax gives the class probabilities, argmax the class,
-  whose name is ``class_names[i]`` (the run's ``data.class_names``, also in the file's metadata:
-  ONNX ``metadata_props``, a ``torch.export`` extra file, both :data:`CLASS_NAMES_KEY`).
+- input ``images``: ``(N, C, H, W)`` uint8 pixel values 0..255 of the data set's image shape, as
+  its files hold them (MNIST: ``(N, 1, 28, 28)``, a white digit on black), for any batch size
+  ``N`` (a dynamic dimension);
+- output ``logits``: ``(N, num_classes)`` float32; softmax gives the class probabilities, argmax
+  the class, whose name is ``class_names[i]`` (also in the file's metadata: ONNX
+  ``metadata_props``, a ``torch.export`` extra file, both :data:`CLASS_NAMES_KEY`).
 
-The run's normalization, ``(pixel / 255 - data.mean) / data.std``, is computed inside the exported
-graph, so a consumer feeds raw pixels and needs nothing else from the run. The model and the data
-set keys are the checkpoint's run's, as for evaluation (:mod:`mnist_ddp.cli.saved_run`).
+The data set's per-channel normalization, ``(pixel / 255 - mean[c]) / std[c]``, is computed inside
+the exported graph, so a consumer feeds raw pixels and needs nothing else from the run. The model
+is the checkpoint's run's, as for evaluation (:mod:`mnist_ddp.cli.saved_run`).
 
 The file is written under a temporary name beside its final path, loaded back (onnxruntime for
 ONNX, ``torch.export.load``) and run on :data:`CHECK_IMAGES` of the data set's test images; only when
@@ -40,10 +42,12 @@ from torch import Tensor, nn
 
 from mnist_ddp.cli.job import METRICS_FILE
 from mnist_ddp.cli.outputs import write_json
-from mnist_ddp.cli.saved_run import model_config, use_data_set_of_run
+from mnist_ddp.cli.saved_run import data_spec_of_checkpoint, model_config, use_data_set_of_run
 from mnist_ddp.cli.schema import ExportFormat
-from mnist_ddp.data.datamodule import normalize
+from mnist_ddp.data.base import first_pixels
+from mnist_ddp.data.spec import DataSpec, check_same_data, normalize_pixels
 from mnist_ddp.errors import ConfigValueError, ExportError
+from mnist_ddp.models.build import build_model
 
 log = logging.getLogger(__name__)
 
@@ -62,26 +66,27 @@ CLASS_NAMES_KEY = "class_names"
 
 
 class PixelClassifier(nn.Module):
-    """A network with its training run's normalization in front: what is exported.
+    """A network with its data set's normalization in front: what is exported.
 
-    Shapes: ``(N, 1, 28, 28)`` uint8 gray levels 0..255 -> normalized ``(N, 1, 28, 28)`` float32,
-    ``(pixel / 255 - mean) / std`` (:func:`~mnist_ddp.data.datamodule.normalize`, the training
-    images' own) -> ``net`` -> ``(N, 10)`` float32 logits.
+    Shapes: ``(N, C, H, W)`` uint8 pixel values 0..255 -> normalized ``(N, C, H, W)`` float32,
+    ``(pixel / 255 - mean[c]) / std[c]`` (:func:`~mnist_ddp.data.spec.normalize_pixels`, the training
+    images' own formula) -> ``net`` -> ``(N, num_classes)`` float32 logits.
 
     Args:
         net: the network (:mod:`mnist_ddp.models.networks`), in eval mode for export.
-        mean: the training pixels' mean on a 0..1 scale (the run's ``data.mean``).
-        std: their standard deviation (``data.std``).
+        spec: the data set it was trained on (its statistics become the graph's constants).
     """
 
-    def __init__(self, net: nn.Module, mean: float, std: float) -> None:
+    def __init__(self, net: nn.Module, spec: DataSpec) -> None:
         super().__init__()
-        self.net, self.mean, self.std = net, float(mean), float(std)
+        self.net = net
+        mean, std = spec.statistics()
+        self.register_buffer("mean", mean.clone())
+        self.register_buffer("std", std.clone())
 
     def forward(self, images: Tensor) -> Tensor:
-        """``(N, 1, 28, 28)`` uint8 pixels -> ``(N, 10)`` float32 logits."""
-        # normalize() takes (N, 28, 28) and adds the channel itself: the training images' one formula.
-        return self.net(normalize(images[:, 0], self.mean, self.std))
+        """``(N, C, H, W)`` uint8 pixels -> ``(N, num_classes)`` float32 logits."""
+        return self.net(normalize_pixels(images, self.mean, self.std))
 
 
 def output_path(ckpt_path: str, export_format: ExportFormat, output: str | None) -> Path:
@@ -129,7 +134,7 @@ def export_model(
         export_format: ``onnx`` (``torch.onnx.export``, the dynamo exporter; one file, weights
             inside) or ``torch_export`` (``torch.export.export`` and ``torch.export.save``).
         path: the file to write.
-        example: ``(B, 1, 28, 28)`` uint8 images that the export traces the model on.
+        example: ``(B, C, H, W)`` uint8 images that the export traces the model on.
         class_names: one per logit, stored in the file (:data:`CLASS_NAMES_KEY`).
     """
     batch = torch.export.Dim("batch")
@@ -156,7 +161,7 @@ def load_exported(export_format: ExportFormat, path: Path) -> Callable[[Tensor],
     """Load an exported file back as the consumer would.
 
     Returns:
-        A function of ``(N, 1, 28, 28)`` uint8 images to its ``(N, 10)`` float32 logits (on CPU):
+        A function of ``(N, C, H, W)`` uint8 images to its ``(N, num_classes)`` float32 logits (on CPU):
         an onnxruntime session (CPU execution provider), or the ``torch.export`` program's module.
     """
     if export_format is ExportFormat.onnx:
@@ -174,8 +179,8 @@ def check_exported(export_format: ExportFormat, path: Path, images: Tensor, expe
     Args:
         export_format: the file's format.
         path: the file.
-        images: ``(N, 1, 28, 28)`` uint8 images.
-        expected: ``(N, 10)`` float32 logits of the LightningModule on the same images, normalized
+        images: ``(N, C, H, W)`` uint8 images.
+        expected: ``(N, num_classes)`` float32 logits of the LightningModule on the same images, normalized
             as in training.
 
     Returns:
@@ -234,24 +239,26 @@ def export_checkpoint(cfg: DictConfig) -> dict:
     export_format = ExportFormat(cfg.format)
     output = output_path(cfg.ckpt_path, export_format, cfg.output).resolve()
     use_data_set_of_run(cfg, checkpoint)
-    module = instantiate(model_config(cfg, checkpoint))
+    spec = data_spec_of_checkpoint(cfg, checkpoint)
+    module = build_model(model_config(cfg, checkpoint), spec)
     # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.
     module.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"])
     module.eval()
-    mean, std = cfg.data.mean, cfg.data.std
-    # A copy: a view would carry the whole test set into the torch.export file's example inputs.
-    pixels = instantiate(cfg.data).test_pixels()[:CHECK_IMAGES].clone()
+    datamodule = instantiate(cfg.data)
+    check_same_data(datamodule.spec, spec, checkpoint, cfg.data._target_)
+    datamodule.setup("test")
+    # A copy (first_pixels): a view would carry the whole test set into the torch.export file's example inputs.
+    images = first_pixels(datamodule.test_set, CHECK_IMAGES)
     with torch.no_grad():
-        expected = module(normalize(pixels, mean, std))
-    images = pixels.unsqueeze(1)
+        expected = module(spec.normalize(images))
     # Beside the output, so that publishing it is a link within one filesystem; hidden while it is
     # checked; created by the exporter, with the permissions of any new file (mkstemp's are 0600);
     # with the format's suffix, which torch.export.load wants.
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.{os.getpid()}.tmp{SUFFIXES[export_format]}")
     try:
-        exported = PixelClassifier(module.net, mean, std).eval()
-        export_model(exported, export_format, temporary, images, cfg.data.class_names)
+        exported = PixelClassifier(module.net, spec).eval()
+        export_model(exported, export_format, temporary, images, spec.class_names)
         difference = check_exported(export_format, temporary, images, expected)
         publish(temporary, output)
     finally:

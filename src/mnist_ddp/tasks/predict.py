@@ -13,8 +13,9 @@ whatever the number of processes. At the end of the prediction epoch the replica
 one all-gather (:class:`PredictionCSV`), and global rank 0 puts them back in input order and
 writes the CSV atomically: a kill leaves the whole file or none.
 
-The model and the data set keys (normalization, class names) are those of the checkpoint's run, as
-for evaluation (:mod:`mnist_ddp.cli.saved_run`); the data set's own files are not read.
+The model is the checkpoint's run's, as for evaluation (:mod:`mnist_ddp.cli.saved_run`); the image
+shape, normalization and class names are the ones the checkpoint keeps (its
+:class:`~mnist_ddp.data.spec.DataSpec`). The data set's own files are not read.
 """
 
 import logging
@@ -24,7 +25,6 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from hydra.utils import instantiate
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
@@ -34,11 +34,12 @@ from torch.utils.data import default_convert
 from mnist_ddp.callbacks.signals import stop_on_signals
 from mnist_ddp.cli.job import METRICS_FILE, run_job
 from mnist_ddp.cli.outputs import write_csv, write_json
-from mnist_ddp.cli.saved_run import model_config, use_data_set_of_run
+from mnist_ddp.cli.saved_run import data_spec_of_checkpoint, model_config, use_data_set_of_run
 from mnist_ddp.cli.trainer import build_trainer
-from mnist_ddp.data.datamodule import unrepeated_loader
+from mnist_ddp.data.base import unrepeated_loader
 from mnist_ddp.data.inputs import InputImages
 from mnist_ddp.distributed.host_memory import keep_freed_host_memory
+from mnist_ddp.models.build import build_model
 
 log = logging.getLogger(__name__)
 info = rank_zero_only(log.info)
@@ -59,8 +60,8 @@ def predict_inputs(cfg: DictConfig) -> str | None:
         JobFailedError: a process failed (reported as one line).
     """
     info(f"Run directory: {cfg.paths.output_dir}")
-    # The normalization and class names the model was trained with, not this command's defaults
-    # (checked against this command's overrides before the run directory existed: mnist_ddp.cli.preflight).
+    # The model and data set of the checkpoint's run, not this command's defaults (checked against
+    # this command's overrides before the run directory existed: mnist_ddp.cli.preflight).
     use_data_set_of_run(cfg, Path(cfg.ckpt_path).resolve())
     return run_job(predict, cfg).get("predictions")
 
@@ -77,10 +78,11 @@ def predict(cfg: DictConfig) -> dict:
     keep_freed_host_memory()  # in every process: see host_memory.py
     L.seed_everything(cfg.seed, workers=True)
 
-    model: L.LightningModule = instantiate(model_config(cfg, checkpoint))
-    inputs = InputImages(Path(cfg.input), cfg.data.mean, cfg.data.std)
+    spec = data_spec_of_checkpoint(cfg, checkpoint)
+    model = build_model(model_config(cfg, checkpoint), spec)
+    inputs = InputImages(Path(cfg.input), spec, cfg.resize)
     predictions = Path(cfg.paths.output_dir) / PREDICTIONS_FILE
-    writer = PredictionCSV(predictions, inputs.names, list(cfg.data.class_names))
+    writer = PredictionCSV(predictions, inputs.names, list(spec.class_names))
     trainer, layout = build_trainer(cfg, extra_callbacks=[writer], evaluation=True)
     loader = unrepeated_loader(
         inputs, trainer.world_size, trainer.global_rank, batch_size=layout["per_device_batch_size"],
@@ -114,7 +116,7 @@ class PredictionCSV(BasePredictionWriter):
     Args:
         path: the CSV file.
         names: the inputs' names, by input index (:func:`mnist_ddp.data.inputs.list_inputs`).
-        class_names: the class names, by class index (``data.class_names`` of the checkpoint's run).
+        class_names: the class names, by class index (the checkpoint's data spec).
     """
 
     def __init__(self, path: Path, names: Sequence[str], class_names: Sequence[str]) -> None:
@@ -128,7 +130,7 @@ class PredictionCSV(BasePredictionWriter):
         predictions: Sequence[Tensor],
         batch_indices: Sequence[Sequence[Sequence[int]]],
     ) -> None:
-        """``predictions``: this replica's ``(B, 10)`` probabilities per batch; ``batch_indices``: per
+        """``predictions``: this replica's ``(B, num_classes)`` probabilities per batch; ``batch_indices``: per
         dataloader (one here), per batch, the input indices of its rows (Lightning tracks them)."""
         indices = torch.tensor([index for batch in batch_indices[0] for index in batch], dtype=torch.int64)
         confidence, classes = torch.cat(list(predictions)).max(dim=1)

@@ -27,6 +27,7 @@ from mnist_ddp.distributed.host_memory import keep_freed_host_memory
 from mnist_ddp.distributed.layout import scale_learning_rate
 from mnist_ddp.distributed.options import LRScaling
 from mnist_ddp.loggers.trackers import build_loggers, record_tracker_runs
+from mnist_ddp.models.build import build_model
 
 log = logging.getLogger(__name__)
 # Every process runs this file; messages about the whole run come from global rank 0 only.
@@ -69,7 +70,8 @@ def fit_and_test(cfg: DictConfig) -> dict:
     cfg.model.optimizer.lr = effective_lr
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
-    model: L.LightningModule = instantiate(cfg.model)
+    # The network is built for the data set's image shape and classes (its spec).
+    model = build_model(cfg.model, datamodule.spec)
     # A resume in place continues the run's tracker runs; TensorBoard and CSV drop the points
     # logged after its checkpoint, which the resumed run logs again.
     purge_step = in_place_resume_step(run_dir, cfg.ckpt_path)
