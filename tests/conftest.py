@@ -67,6 +67,42 @@ def make_synthetic_mnist(
     return root
 
 
+#: The colours of the synthetic folder data set's classes (RGB), one class each.
+COLOURS = {"red": (230, 40, 40), "green": (40, 210, 60), "blue": (50, 70, 230), "yellow": (230, 220, 50),
+           "magenta": (220, 50, 210)}  # fmt: skip
+
+
+def make_image_folder(
+    root: Path,
+    counts: dict[str, int] | None = None,
+    size: tuple[int, int] = (32, 32),
+    label_noise: float = 0.0,
+    seed: int = 0,
+) -> Path:
+    """A folder data set of RGB PNGs (``root/<split>/<class>/<n>.png``) that a CNN learns in a few steps.
+
+    Each image is dark noise plus a 9x9 patch of its class's colour (:data:`COLOURS`: five classes,
+    not ten) at a random place, so that a random crop or a flip keeps its class. ``counts``: images
+    per class of each split (default 48 for ``train``, 14 for ``test``). A fraction ``label_noise``
+    of each split's images is put into another class's folder, which keeps the accuracy below 100%
+    (so that counting a sample twice would change it). Returns ``root``.
+    """
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    names = list(COLOURS)
+    for split, per_class in (counts or {"train": 48, "test": 14}).items():
+        for index in range(per_class * len(names)):
+            label = index % len(names)
+            pixels = rng.integers(0, 50, (*size, 3))
+            top, left = rng.integers(0, size[0] - 9), rng.integers(0, size[1] - 9)
+            pixels[top : top + 9, left : left + 9] = np.clip(COLOURS[names[label]] + rng.integers(-25, 26, 3), 0, 255)
+            folder = names[rng.integers(len(names))] if rng.random() < label_noise else names[label]
+            (root / split / folder).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels.astype(np.uint8), "RGB").save(root / split / folder / f"{split}{index:04d}.png")
+    return root
+
+
 @pytest.fixture(scope="session")
 def synthetic_data_dir(tmp_path_factory) -> Path:
     """1,200 training and 300 test images; 2% of the test labels are noise, so a few test digits

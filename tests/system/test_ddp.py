@@ -31,7 +31,7 @@ from conftest import (
     read_scalars,
 )  # fmt: skip
 
-from mnist_ddp.data.datamodule import MNISTDataModule
+from mnist_ddp.data.datamodule import MNIST_MEAN, MNIST_STD, MNISTDataModule
 from mnist_ddp.models.networks import CNN
 
 # Float32 parameters after 42 SGD steps: AllReduce sums gradients in another order than one
@@ -103,11 +103,11 @@ def test_accumulation_takes_the_same_step_with_half_the_micro_batch(run):
 
 def expected_metrics(run_dir, checkpoint, dataset):
     """Loss and accuracy of a checkpoint over a whole split, computed here in one process."""
-    net = CNN(dropout=0)
+    net = CNN(1, (28, 28), 10, dropout=0)
     net.load_state_dict({key.removeprefix("net."): value for key, value in params(run_dir, checkpoint).items()})
-    images, labels = dataset.tensors
+    pixels, labels = dataset.tensors
     with torch.no_grad():
-        logits = net.eval()(images)
+        logits = net.eval()((pixels.float() / 255 - MNIST_MEAN) / MNIST_STD)
     return F.cross_entropy(logits, labels).item(), (logits.argmax(1) == labels).float().mean().item()
 
 

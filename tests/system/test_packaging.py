@@ -95,6 +95,6 @@ def test_the_installed_console_scripts_compose_the_packaged_config_from_anywhere
     result = run_script(venv, "mnist-ddp-eval", "data=nosuch", cwd=tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     assert result.stderr.startswith(
-        "Error: data=nosuch: no such option in conf/data/ (available: fashion_mnist, idx, mnist)."
+        "Error: data=nosuch: no such option in conf/data/ (available: fashion_mnist, folder, idx, mnist)."
     ), result.stderr[-3000:]
     assert list(tmp_path.iterdir()) == [], "a refused command writes nothing"

@@ -25,8 +25,9 @@ from omegaconf import OmegaConf
 from torchvision.io import write_png
 
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
-from mnist_ddp.data.datamodule import normalize
 from mnist_ddp.data.idx import IMAGES_KIND, MNIST_FILES, read_idx_file
+from mnist_ddp.data.spec import read_data_spec
+from mnist_ddp.models.build import build_model
 
 #: The run's own model and normalization, both other than the commands' defaults (CNN, 0.1307 / 0.3081):
 #: a command that took its own would fail the checkpoint's check, or predict other probabilities.
@@ -45,7 +46,8 @@ def run(mnist_data_dir, tmp_path_factory) -> Path:
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=30, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
                         num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
-    trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data))
+    datamodule = instantiate(cfg.data)
+    trainer.fit(build_model(cfg.model, datamodule.spec), datamodule=datamodule)
     run_dir = tmp_path_factory.mktemp("run")
     (run_dir / ".hydra").mkdir()
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")  # as Hydra saves it: unresolved
@@ -62,10 +64,12 @@ def test_pixels(mnist_data_dir) -> torch.Tensor:
 def reference(run: Path, pixels: torch.Tensor) -> tuple[list[int], list[float]]:
     """The classes and their probabilities of the run's checkpoint on ``pixels``, in this process."""
     cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
-    model = instantiate(cfg.model)
+    spec = read_data_spec(run / "checkpoints" / "last.ckpt")  # the run's MNIST shape, with its own statistics
+    assert (spec.mean, spec.std) == ((0.2,), (0.4,))
+    model = build_model(cfg.model, spec)
     model.load_state_dict(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
     with torch.no_grad():
-        probabilities, classes = model.eval()(normalize(pixels, cfg.data.mean, cfg.data.std)).softmax(dim=1).max(dim=1)
+        probabilities, classes = model.eval()(spec.normalize(pixels.unsqueeze(1))).softmax(dim=1).max(dim=1)
     return classes.tolist(), probabilities.tolist()
 
 

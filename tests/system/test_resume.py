@@ -138,6 +138,29 @@ def test_a_checkpoint_resumes_on_another_world_size_at_the_same_global_batch(run
         assert sorted(trained) == list(range(TRAIN_SIZE)), f"epoch {epoch}"
 
 
+def test_a_resume_with_dataloader_workers_trains_the_uninterrupted_runs_samples(runs):
+    # Earlier versions drew the first batches of a resumed epoch before the sampler knew its epoch
+    # (worker processes fetch ahead): a resume at an epoch's end then skipped or re-ordered samples.
+    full, _ = runs("full", "trainer.devices=2")
+    run_dir, result = runs(
+        "killed2_workers", "trainer.devices=2", "data.num_workers=2", "+callbacks.kill._target_=probes.ElasticProbe",
+        "+callbacks.kill.record=${paths.output_dir}/record.jsonl", "+callbacks.kill.kill_rank=1",
+        f"+callbacks.kill.kill_step={KILL_3}", expect=1,
+    )  # fmt: skip
+    inside, epoch_end = run_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "epoch_000.ckpt"
+    assert torch.load(inside, weights_only=True)["global_step"] == KILL_3 // CHECKPOINT_EVERY * CHECKPOINT_EVERY
+    assert torch.load(epoch_end, weights_only=True)["MNISTDataModule"]["train_position"]["samples"] == TRAIN_SIZE
+    for name, checkpoint in (("from_epoch_end", epoch_end), ("from_inside", inside)):
+        resumed, _ = runs(f"workers_{name}", "trainer.devices=2", "data.num_workers=2", f"ckpt_path={checkpoint}")
+        last = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
+        assert last["global_step"] == 2 * STEPS_PER_EPOCH, name
+        for key, value in params(full).items():
+            assert torch.equal(params(resumed)[key], value), (name, key)
+        saved_step = torch.load(checkpoint, weights_only=True)["global_step"]
+        trained = ledger([(run_dir, 2, saved_step), (resumed, 2, 10**9)], 1)
+        assert sorted(trained) == list(range(TRAIN_SIZE)), f"{name}: each sample of epoch 1 once"
+
+
 def test_a_checkpoint_without_a_data_position_resumes_at_the_next_epoch(runs, tmp_path):
     # As the template wrote them before: at an epoch's end, without the position inside it.
     full, _ = runs("full", "trainer.devices=2")

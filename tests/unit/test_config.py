@@ -139,6 +139,11 @@ def test_presets_set_what_they_say():
     assert any(isinstance(layer, BatchNorm2d) for layer in instantiate(cfg.model.net, 1, [28, 28], 10).modules()), (
         "experiment=fast"
     )
+    # experiment=resnet: the ResNet for small natural images, with the seeded crop and flip.
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["data=folder", "data.root=/x", "experiment=resnet"])
+    assert cfg.model.net._target_ == "mnist_ddp.models.networks.ResNet" and cfg.model.optimizer.nesterov is True
+    assert (cfg.data.crop_padding, cfg.data.horizontal_flip, cfg.trainer.max_epochs) == (4, True, 15)
 
 
 @pytest.mark.parametrize(

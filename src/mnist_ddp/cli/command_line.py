@@ -15,7 +15,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from mnist_ddp.cli.compose import composed_jobs, with_trainer_arguments
-from mnist_ddp.cli.resume import in_place_run_dir, resume_arguments
+from mnist_ddp.cli.resume import in_place_run_dir, override_key, resume_arguments
 from mnist_ddp.cli.sweep_summary import failed_jobs
 from mnist_ddp.errors import UsageError
 
@@ -37,7 +37,7 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
             sys.argv = [sys.argv[0], *resume_arguments(run_dir, sys.argv[1:]), "hydra.output_subdir=null"]
         sys.argv = [sys.argv[0], *with_trainer_arguments(sys.argv[1:])]
         if config_name in CHECKPOINT_COMMANDS:
-            sys.argv = [sys.argv[0], *with_data_option_of_run(sys.argv[1:])]
+            sys.argv = [sys.argv[0], *with_data_set_of_run(sys.argv[1:])]
         check_command_line(config_name, sys.argv[1:])
     except UsageError as error:
         print(f"Error: {error}", file=sys.stderr)
@@ -70,16 +70,28 @@ def run_data_option(checkpoint: Path) -> str | None:
     return str(choice) if choice else None
 
 
-def with_data_option_of_run(args: Sequence[str]) -> list[str]:
-    """``args`` of eval / predict / export, with the ``data`` option of the checkpoint's run in front
-    when they choose none, so that the command's ``data`` keys are that data set's (``data.root=``
-    of a folder data set that moved is then a known key). The data set's values are the run's in
-    any case (:func:`mnist_ddp.cli.saved_run.data_set_of_run`)."""
+def with_data_set_of_run(args: Sequence[str]) -> list[str]:
+    """``args`` of eval / predict / export, with the data set of the checkpoint's run in front when
+    they choose no ``data`` option: its option and its ``data.*`` overrides (``.hydra/``), those that
+    ``args`` set again left out. The command's ``data`` node then composes as the run's did (its
+    required keys set; ``data.root=`` of a folder data set that moved is a known key, and wins).
+    The values of the data set are the run's in any case (:func:`mnist_ddp.cli.saved_run.data_set_of_run`)."""
     values = dict(arg.split("=", 1) for arg in args if "=" in arg and not arg.startswith("-"))
     if "data" in values or not values.get("ckpt_path"):
         return list(args)
-    option = run_data_option(Path(values["ckpt_path"].strip("'\"")))
-    return [f"data={option}", *args] if option else list(args)
+    checkpoint = Path(values["ckpt_path"].strip("'\""))
+    option = run_data_option(checkpoint)
+    saved = checkpoint.parent.parent / ".hydra" / "overrides.yaml"
+    if option is None or not saved.is_file():
+        return list(args)
+    given = {override_key(arg) for arg in args if not arg.startswith("-")}
+    # As written: an override may hold an interpolation for the job to resolve.
+    run_overrides = OmegaConf.to_container(OmegaConf.load(saved), resolve=False)
+    data = [
+        override for override in run_overrides
+        if override_key(override).startswith("data.") and override_key(override) not in given
+    ]  # fmt: skip
+    return [f"data={option}", *data, *args]
 
 
 def check_command_line(config_name: str, args: Sequence[str]) -> None:

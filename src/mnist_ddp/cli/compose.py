@@ -90,6 +90,8 @@ def _compose(config_name: str, overrides: list[str]) -> DictConfig:
         group, _, option = (error.missing_cfg_file or "").rpartition("/")
         # Hydra lists the options for a single choice (logger=x), not for one inside a list (logger=[csv,x]).
         options = error.options or sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+        # The schemas (ConfigStore) and data/base.yaml are what the data options build on, not options.
+        options = [name for name in options if not name.endswith("_schema") and (group, name) != ("data", "base")]
         raise UsageError(
             f"{group}={option}: no such option in conf/{group}/ (available: {', '.join(options)})."
         ) from None

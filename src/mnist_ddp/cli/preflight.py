@@ -249,7 +249,8 @@ def check_data(data: dict, training: bool) -> None:
     """
     datamodule = instantiate(data)
     datamodule.prepare_data()
-    if training:
+    # ClassificationDataModule's optional check (a DataModule not built on it has none).
+    if training and hasattr(datamodule, "check_val_size"):
         datamodule.check_val_size()
 
 

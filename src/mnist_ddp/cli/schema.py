@@ -110,8 +110,9 @@ class FolderDataConfig(DataConfig):
     split_seed: int = MISSING
     image_size: list[int] | None = MISSING
     channels: int | None = MISSING
-    mean: list[float] | None = MISSING
-    std: list[float] | None = MISSING
+    #: One value for every channel, a list of one per channel, or null (computed).
+    mean: Any = MISSING
+    std: Any = MISSING
     in_memory_limit_mib: int = MISSING
     cache_dir: str | None = MISSING
 

@@ -120,6 +120,8 @@ class ClassificationDataModule(L.LightningDataModule):
     - optionally ``prepare_data()``: fetch and check the files, once per node (or once per job:
       ``prepare_data_per_node``), before any process trains; the training command calls it
       before it starts the processes, so that a bad data set is one line, not an error per rank.
+    - optionally :meth:`check_val_size`: refuse a validation split that leaves no training sample,
+      which the training command calls after ``prepare_data`` (evaluation has no such split).
 
     ``mnist_ddp.data.conformance`` checks on 2 and 3 processes that a subclass keeps the
     guarantees (every training sample once per epoch, evaluation exact, the resume position
@@ -191,6 +193,14 @@ class ClassificationDataModule(L.LightningDataModule):
             NotImplementedError: in a subclass that does not define it.
         """
         raise NotImplementedError(f"{type(self).__name__} must define describe() -> DataSpec")
+
+    def check_val_size(self) -> None:
+        """Refuse a validation split that leaves no training sample (or no validation sample), cheaply,
+        before any process starts. Nothing to check by default.
+
+        Raises:
+            ConfigValueError: in a subclass, naming the key and the split's size.
+        """
 
     @cached_property
     def spec(self) -> DataSpec:

@@ -166,6 +166,7 @@ class MNISTDataModule(ClassificationDataModule):
         if stage == "test" and self.test_set is None:
             self.test_set = self._load("test")
 
+    @override
     def check_val_size(self) -> None:
         """Refuse a validation split that leaves no training image, with the count in the training
         labels file's header (checked against its size): the training command calls it once before

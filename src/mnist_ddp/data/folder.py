@@ -76,9 +76,31 @@ def list_classes(folder: Path) -> list[str]:
     return classes
 
 
+def _refuse_unreadable(error: OSError) -> None:
+    """``os.walk``'s ``onerror``: a folder that cannot be listed is refused, naming it."""
+    if isinstance(error, PermissionError):
+        raise DataNotAvailableError(f"{error.filename} cannot be read: permission denied (chmod a+rx).") from None
+    raise error
+
+
+def _image_files(folder: Path) -> list[Path]:
+    """The PNG and JPEG files in ``folder`` and its subfolders; hidden ones (``.name``, such as the
+    ``._photo.png`` that macOS writes beside copies) left out, as hidden folders are.
+
+    Raises:
+        DataNotAvailableError: for a folder that cannot be read (``os.walk``, not ``Path.rglob``:
+            rglob skips such a folder, and its images, without a word).
+    """
+    found = []
+    for parent, folders, names in os.walk(folder, onerror=_refuse_unreadable):
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        found += [Path(parent) / name for name in names if not name.startswith(".") and is_image_file(Path(name))]
+    return [path for path in found if path.is_file()]
+
+
 def scan_split(folder: Path, class_names: Sequence[str]) -> FolderSplit:
     """The images of the split folder ``folder`` (each class folder and its subfolders, recursively;
-    files other than PNG and JPEG left out), labelled by ``class_names``.
+    files other than PNG and JPEG, and hidden ones, left out), labelled by ``class_names``.
 
     Raises:
         DataNotAvailableError: when a folder cannot be read.
@@ -92,10 +114,7 @@ def scan_split(folder: Path, class_names: Sequence[str]) -> FolderSplit:
                 f"{folder / name} is not a class of {folder.parent / 'train'} (its classes: {', '.join(class_names)}). "
                 "Rename it to one of them, or add the class to train/ too."
             )
-        try:
-            images = sorted(path for path in (folder / name).rglob("*") if path.is_file() and is_image_file(path))
-        except PermissionError as error:
-            raise DataNotAvailableError(f"{error.filename} cannot be read: permission denied (chmod a+rx).") from None
+        images = sorted(_image_files(folder / name))
         if not images:
             raise DataFormatError(
                 f"{folder / name} holds no PNG or JPEG image: add the class's images, or remove the folder."
@@ -200,6 +219,8 @@ class ImageFolderDataModule(ClassificationDataModule):
         if (mean is None) != (std is None):
             raise ConfigValueError("data.mean and data.std are given together, or both left null (computed).")
         self.root = Path(root)
+        # A count, as typed: the config's schema types val_size as a float, which makes 40 into 40.0.
+        val_size = int(val_size) if val_size >= 1 and float(val_size).is_integer() else val_size
         self.val_size, self.split_seed = val_size, split_seed
         self.image_size = tuple(image_size) if image_size is not None else None
         self.channels = channels
@@ -362,8 +383,17 @@ class ImageFolderDataModule(ClassificationDataModule):
     def prepare_data(self) -> None:
         # Before any DDP process launches (the training command calls this first): every image
         # decoded and the survey kept, so the processes read it instead of decoding everything.
-        self._train_and_val()
         _ = self.spec
+
+    @override
+    def check_val_size(self) -> None:
+        """Refuse a ``val_size`` that leaves no training or no validation image (nothing to check
+        with a ``val/`` folder).
+
+        Raises:
+            ConfigValueError: naming ``data.val_size``, the folder and the counts.
+        """
+        self._train_and_val()
 
     @property
     def in_memory(self) -> bool:

@@ -71,7 +71,12 @@ def decode_image_file(path: Path, channels: int | None = None) -> Tensor:
             image = _to_8_bits(image)
             image = image.convert(MODES[channels] if channels else _native_mode(image))
     except (FileNotFoundError, PermissionError, IsADirectoryError) as error:
-        raise DataNotAvailableError(f"{path} cannot be read ({error.strerror or error}).") from None
+        fix = (
+            "Make it readable for this user (chmod a+r), or remove it."
+            if isinstance(error, PermissionError)
+            else "Replace it with a PNG or JPEG image file, or remove it."
+        )
+        raise DataNotAvailableError(f"{path} cannot be read ({error.strerror or error}). {fix}") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
         # Pillow says "image file is truncated" or "cannot identify image file '<path>'".
         reason = first_line(error).replace(f" '{path}'", "")
