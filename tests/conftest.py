@@ -181,6 +181,15 @@ def mnist_data_dir() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def mnist_png_dir(mnist_data_dir, tmp_path_factory) -> Path:
+    """The real MNIST as a folder data set: ``train/<digit>/*.png`` and ``test/<digit>/*.png``, the 70,000
+    images of the IDX files written once per session (``benchmarks.pipeline.write_png_tree``)."""
+    from benchmarks.pipeline import write_png_tree
+
+    return write_png_tree(mnist_data_dir / "MNIST" / "raw", tmp_path_factory.mktemp("mnist_png") / "tree")
+
+
 def cli_command(*overrides: str, log_dir: Path, module: str = "mnist_ddp.train") -> list[str]:
     """``python -m mnist_ddp.train`` (or ``module``) with Hydra overrides, writing under ``log_dir``.
 
