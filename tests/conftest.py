@@ -110,11 +110,17 @@ def synthetic_data_dir(tmp_path_factory) -> Path:
     return make_synthetic_mnist(tmp_path_factory.mktemp("synthetic"), test_label_noise=0.02)
 
 
+#: The data option of the tests that read IDX files (the synthetic ones, the real MNIST), chosen on
+#: every command line that sets its keys: a project whose ``conf/config.yaml`` defaults to a data set
+#: of its own passes the same tests.
+IDX_DATA = "data=mnist"
+
+
 @pytest.fixture(scope="session")
 def synthetic_data(synthetic_data_dir) -> list[str]:
     """The overrides that point a command at :func:`synthetic_data_dir` (a validation split that
     leaves training images): the commands check the data before they start."""
-    return [f"data.data_dir={synthetic_data_dir}", "data.val_size=200"]
+    return [IDX_DATA, f"data.data_dir={synthetic_data_dir}", "data.val_size=200"]
 
 
 @pytest.fixture(scope="session")
@@ -138,7 +144,7 @@ def synthetic_run(synthetic_data_dir, tmp_path_factory) -> tuple[Path, subproces
 # 25% of the labels are noise, so accuracy stays below 1 and double counting would show.
 TRAIN_SIZE, VAL_SIZE, TEST_SIZE, GLOBAL_BATCH, LR = 1008, 191, 301, 48, 0.05
 DETERMINISTIC = (
-    "trainer.accelerator=cpu", "trainer.max_epochs=2", f"data.val_size={VAL_SIZE}",
+    IDX_DATA, "trainer.accelerator=cpu", "trainer.max_epochs=2", f"data.val_size={VAL_SIZE}",
     f"data.global_batch_size={GLOBAL_BATCH}", "model.net.dropout=0", "model.optimizer._target_=torch.optim.SGD",
     f"model.optimizer.lr={LR}", "+model.optimizer.momentum=0.9",
     "+callbacks.recorder._target_=probes.SampleRecorder", "+callbacks.recorder.out_dir=${paths.output_dir}/samples",
@@ -191,11 +197,15 @@ def mnist_png_dir(mnist_data_dir, tmp_path_factory) -> Path:
 
 
 def cli_command(*overrides: str, log_dir: Path, module: str = "mnist_ddp.train") -> list[str]:
-    """``python -m mnist_ddp.train`` (or ``module``) with Hydra overrides, writing under ``log_dir``.
+    """``python -m mnist_ddp.train`` (or ``module``) with Hydra overrides, writing under ``log_dir``;
+    a training that chooses no data option and resumes no run in place gets :data:`IDX_DATA`.
 
     Flags (``-m``) go first: Hydra's argument parser takes the overrides as one trailing list."""
     flags = [arg for arg in overrides if arg.startswith("-")]
     values = [arg for arg in overrides if not arg.startswith("-")]
+    keys = {arg.lstrip("+~").split("=", 1)[0] for arg in values}
+    if module == "mnist_ddp.train" and not keys & {"data", "hydra.run.dir"}:
+        values.insert(0, IDX_DATA)
     return [sys.executable, "-m", module, *flags, f"paths.log_dir={log_dir}", *values]
 
 
@@ -372,7 +382,8 @@ def checkpoint(synthetic_data_dir, tmp_path_factory) -> Path:
     the synthetic data, saved by ``trainer.save_checkpoint``."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"data.data_dir={synthetic_data_dir}", "data.val_size=200"])
+        overrides = [IDX_DATA, f"data.data_dir={synthetic_data_dir}", "data.val_size=200"]
+        cfg = compose(config_name="config", overrides=overrides)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
                         num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip

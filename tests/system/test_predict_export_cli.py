@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
-from conftest import REPO, cli_command, cli_env, only, ranks_in_log, run_cli
+from conftest import IDX_DATA, REPO, cli_command, cli_env, only, ranks_in_log, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -41,7 +41,7 @@ def run(mnist_data_dir, tmp_path_factory) -> Path:
     """A training run's directory: an MLP trained 30 steps on real MNIST in this process."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"data.data_dir={mnist_data_dir}", *RUN_OVERRIDES])
+        cfg = compose(config_name="config", overrides=[IDX_DATA, f"data.data_dir={mnist_data_dir}", *RUN_OVERRIDES])
     L.seed_everything(0)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=30, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,

@@ -12,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from conftest import IDX_DATA
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
@@ -27,7 +28,7 @@ register_configs()
 def build_model(*overrides: str) -> L.LightningModule:
     """The default model (for MNIST's shape) with ``overrides``."""
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
+        cfg = compose(config_name="config", overrides=[IDX_DATA, *overrides])
     return build_model_for(cfg.model, instantiate(cfg.data).spec)
 
 

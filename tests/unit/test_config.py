@@ -5,6 +5,7 @@ import re
 
 import lightning as L
 import pytest
+from conftest import IDX_DATA
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -23,7 +24,7 @@ register_configs()
 
 def compose_config(*overrides: str):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+        return compose(config_name="config", overrides=[IDX_DATA, *overrides])
 
 
 def test_default_config_composes_every_group():
@@ -93,7 +94,7 @@ REFUSED = [
     ("trainer.max_epochs=three", "trainer.max_epochs: Value 'three' of type 'str' could not be converted to Int"),
     ("trainer.devices=0", "trainer.devices=0 is not a positive process count on CPU."),
     ("data.global_batch_size=-64", "data.global_batch_size must be at least 1, got -64."),
-    ("model=transformer", "model=transformer: no such option in conf/model/ (available: cnn, mlp)."),
+    ("model=transformer", "model=transformer: no such option in conf/model/ (available: cnn, mlp, resnet)."),
     ("+data.shuffle=true", "Unknown key data.shuffle (keys of data: _target_"),
     # Built once before launch as every process will: torch's own checks, as one line.
     (
@@ -113,7 +114,7 @@ REFUSED = [
 @pytest.mark.parametrize(("override", "message"), REFUSED)
 def test_preflight_names_the_problem_and_what_is_allowed(override, message):
     with pytest.raises(UsageError) as error:
-        check_command_line("config", ["trainer.accelerator=cpu", override])
+        check_command_line("config", [IDX_DATA, "trainer.accelerator=cpu", override])
     assert str(error.value).startswith(message)
     assert "\n" not in str(error.value)
 
@@ -153,7 +154,7 @@ def test_presets_set_what_they_say():
 )  # fmt: skip
 def test_an_unknown_key_names_the_nearest_known_one(override, suggestion):
     with pytest.raises(UsageError, match=f"Did you mean {suggestion}?"):
-        check_command_line("config", ["trainer.accelerator=cpu", override])
+        check_command_line("config", [IDX_DATA, "trainer.accelerator=cpu", override])
 
 
 def test_open_nodes_and_trainer_arguments_outside_the_schema_are_accepted(tmp_path, synthetic_data):

@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, fit_and_test_in_process, write_idx
+from conftest import IDX_DATA, REPO, fit_and_test_in_process, write_idx
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -71,7 +71,7 @@ def letters_overrides(folder, mean: float, std: float) -> list[str]:
 
 def compose_config(*overrides: str):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+        return compose(config_name="config", overrides=[IDX_DATA, *overrides])
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ with the CNN)."""
 
 import pytest
 import torch
-from conftest import fit_and_test_in_process
+from conftest import IDX_DATA, fit_and_test_in_process
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -63,7 +63,8 @@ def test_a_network_without_the_datas_arguments_is_refused_by_name():
 def test_model_mlp_trains_through_the_same_datamodule_and_module(synthetic_data_dir, tmp_path):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
-            "model=mlp", f"data.data_dir={synthetic_data_dir}", "data.val_size=200", "data.global_batch_size=32",
+            IDX_DATA, "model=mlp", f"data.data_dir={synthetic_data_dir}", "data.val_size=200",
+            "data.global_batch_size=32",
         ])  # fmt: skip
     assert cfg.model.net._target_ == "mnist_ddp.models.networks.MLP"
     _, test = fit_and_test_in_process(cfg, tmp_path)
