@@ -73,7 +73,7 @@ def command(program: str, model: str, run_dir: Path, data_dir: Path, options: ar
     return [sys.executable, "-m", "mnist_ddp.train", *TEMPLATE_MODEL[model], *(TEMPLATE_GPU if options.gpu else []),
             f"trainer.devices={nproc}",
             f"data.global_batch_size={GLOBAL_BATCH}", "trainer.max_epochs=1", f"trainer.limit_train_batches={steps}",
-            f"data.data_dir={data_dir}", f"hydra.run.dir={run_dir}",
+            "data=mnist", f"data.data_dir={data_dir}", f"hydra.run.dir={run_dir}",
             "+callbacks.loop_timer._target_=benchmarks.probe.LoopTimer",
             f"+callbacks.loop_timer.dirpath={run_dir}"]  # fmt: skip
 

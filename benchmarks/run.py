@@ -13,7 +13,10 @@ programs interleaved so that a slow moment of the machine does not hit one progr
    time, peak RSS per process;
 3. the input pipeline alone: the DataModule's train loader against torchvision's PIL-based MNIST
    with ``ToTensor``/``Normalize`` and a DataLoader (and the ``TensorDataset`` loader the
-   reference uses), in this process;
+   reference uses), in this process; and MNIST as a folder of PNGs (``data=folder``, written once
+   into ``--folder-cache``): the folder DataModule in memory and decoding per sample (in the
+   process and in 2 workers) against torchvision's ``ImageFolder``, and the data wait of a training
+   step with each of the DataModule's folder loaders (``benchmarks/pipeline.py``);
 4. the fast recipe's test accuracy per seed, and whether it reached 99.0% after its one epoch.
 
 It prints a markdown table with the ratios to the reference, writes it to ``--out`` and, with
@@ -60,7 +63,7 @@ def template_args(run_dir: Path, data_dir: Path, seed: int, options: argparse.Na
     With ``options.gpu``: ``experiment=fast_gpu`` with the NCCL preset, as the README runs on GPUs."""
     recipe = ["experiment=fast_gpu", "strategy=ddp_nccl"] if options.gpu else ["experiment=fast"]
     args = [*recipe, f"trainer.devices={options.nproc}"]
-    args += [f"seed={seed}", f"data.data_dir={data_dir}", f"hydra.run.dir={run_dir}"]
+    args += [f"seed={seed}", "data=mnist", f"data.data_dir={data_dir}", f"hydra.run.dir={run_dir}"]
     args += ["+callbacks.loop_timer._target_=benchmarks.probe.LoopTimer", f"+callbacks.loop_timer.dirpath={run_dir}"]
     limit = options.limit_train_batches
     return args + ([f"trainer.limit_train_batches={limit}"] if limit else [])
@@ -199,25 +202,41 @@ def targets(runs: dict[str, list[dict]], pipeline: dict[str, float]) -> str:
     return "\n".join(f"- {'met' if ok else '**missed**'}: {text} (target: {goal})" for text, ok, goal in checks)
 
 
-def report(runs: dict[str, list[dict]], pipeline: dict[str, float], options: argparse.Namespace, command: str) -> str:
+def report(
+    runs: dict[str, list[dict]],
+    pipeline: dict[str, float],
+    options: argparse.Namespace,
+    command: str,
+    folder: dict | None = None,
+) -> str:
+    """The results: the table of the programs, the input pipelines (with ``folder``, the result of
+    :func:`benchmarks.pipeline.measure_folder`, the folder loaders and their data wait too), the
+    accuracy per seed and the targets."""
     cores, seeds = len(os.sched_getaffinity(0)), options.seeds
     kind = f"GPU processes ({torch.cuda.get_device_name()}, NCCL)" if options.gpu else "gloo processes"
     processes = f"{options.nproc} {kind}"
     pipeline_rows = "\n".join(
         f"| {name} | {rate:,.0f} | {rate / pipeline['pil']:,.1f}x |" for name, rate in pipeline.items()
     )
+    if folder is not None:
+        from benchmarks.pipeline import folder_tables  # imports Lightning (see main)
+
+        folder_text = f"\n{folder_tables(folder)}"
+    else:
+        folder_text = ""
     return f"""Measured {date.today()} on {cores} CPU cores ({platform.processor() or platform.machine()}), torch
 {torch.__version__}, {processes}, real MNIST, with `{command}`. Each figure is the median of
 {len(seeds)} runs per program (seeds {", ".join(map(str, seeds))}, programs interleaved); ratios are to the reference.
 
 {results_table(runs)}
 
-Input pipeline, one process, per-device batch 32, samples/s (median of 5 passes):
+Input pipeline, one process, per-device batch 32, samples/s (median of 5 passes; the template's batches
+normalized by its DataModule's `on_after_batch_transfer`, as in training):
 
 | loader | samples/s | vs PIL path |
 |---|---|---|
 {pipeline_rows}
-
+{folder_text}
 Fast recipe, test accuracy after its one epoch, and time to 99.0% from the command's start, per seed:
 
 {seeds_table(runs, seeds)}
@@ -253,6 +272,17 @@ def main(argv: list[str] | None = None) -> None:
         help="GPUs over NCCL: experiment=fast_gpu strategy=ddp_nccl, the reference in bf16, compiled",
     )  # fmt: skip
     parser.add_argument("--pipeline-samples", type=int, default=None, help="samples per input pipeline pass")
+    parser.add_argument(
+        "--folder-cache", type=Path, default=REPO / "logs" / ".cache" / "benchmarks",
+        help="where MNIST is written once as a folder of PNGs, and reused (default: logs/.cache/benchmarks)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--folder-samples", type=int, default=5000,
+        help="samples per pass of the folder loaders that decode per sample (default 5,000)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--wait-steps", type=int, default=100, help="timed training steps per pass of the data-wait loop (default 100)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results.md")
     parser.add_argument(
         "--page", type=Path, default=None, help="also put the results into this Markdown page, between its markers"
@@ -266,10 +296,15 @@ def main(argv: list[str] | None = None) -> None:
 
     # Imported here, not at the top: it imports Lightning, which the helpers that per_step and
     # gpu_check import from this module do not need (gpu_check refuses a machine without CUDA at once).
-    from benchmarks.pipeline import measure_input_pipelines
+    from benchmarks.pipeline import measure_folder, measure_input_pipelines
 
     print("Input pipeline ...", flush=True)
     pipeline = measure_input_pipelines(data_dir, samples=args.pipeline_samples)
+    print("Input pipeline of MNIST as a folder of PNGs ...", flush=True)
+    folder = measure_folder(
+        data_dir, args.folder_cache, samples=args.pipeline_samples, lazy_samples=args.folder_samples,
+        steps=args.wait_steps,
+    )  # fmt: skip
     runs: dict[str, list[dict]] = {program: [] for program in args.programs}
     with tempfile.TemporaryDirectory(prefix="mnist-ddp-bench-") as tmp:
         work = args.work_dir or Path(tmp)
@@ -281,11 +316,13 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{program} seed {seed}: " + ", ".join(f"{k} {v:.4g}" for k, v in figures.items()), flush=True)
 
     command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = report(runs, pipeline, args, command.strip())
+    text = report(runs, pipeline, args, command.strip(), folder)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     # Every run's figures too, for whoever wants more than the medians.
-    args.out.with_suffix(".json").write_text(json.dumps({"runs": runs, "input_pipeline": pipeline}, indent=2) + "\n")
+    args.out.with_suffix(".json").write_text(
+        json.dumps({"runs": runs, "input_pipeline": pipeline, "folder_pipeline": folder}, indent=2) + "\n"
+    )
     if args.page:
         update_page(args.page, text)
     print(text)

@@ -1,17 +1,32 @@
 """The benchmark harness (benchmarks/): its reference trains the template's model, and a short run
-of the whole harness, through its command line, reports figures that agree with its runs.
+of the whole harness, through its command line, reports figures that agree with its runs; the
+input pipeline of a folder of images (benchmarks/pipeline.py) measures every loader on a small
+folder, and writes MNIST as PNGs once.
 
 The full benchmark (real MNIST, full epochs, 3 seeds) is not part of the suite: `make benchmark`.
 """
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, cli_env, make_synthetic_mnist
+from conftest import REPO, cli_env, make_image_folder, make_synthetic_mnist
 
 from benchmarks.per_step import PER_STEP_END, PER_STEP_START
+from benchmarks.pipeline import (
+    TREE_MARKER,
+    TREE_NAME,
+    folder_datamodules,
+    folder_tables,
+    measure_data_wait,
+    measure_folder,
+    measure_folder_pipelines,
+    write_png_tree,
+)
+from benchmarks.run import ROWS, report
+from mnist_ddp.data.idx import read_idx_file
 
 STEPS, WARMUP = 4, 2  # optimizer steps per run in the smoke test: timed, and run before them
 GLOBAL_BATCH = 64  # the fast recipe's
@@ -83,3 +98,61 @@ def test_per_step_table_holds_each_programs_milliseconds_and_their_ratios(tmp_pa
     assert number(vs_raw) == round(ms["lightning"] / ms["raw"], 2)
     assert number(vs_lightning.split()[0]) == round(ms["template"] / ms["lightning"], 2)
     assert vs_lightning.endswith("(met)") == (ms["template"] <= 1.05 * ms["lightning"])
+
+
+FOLDER_LOADERS = ("folder_in_memory", "folder_lazy_0", "folder_lazy_2", "imagefolder")
+WAIT_LOADERS = FOLDER_LOADERS[:3]
+
+
+def test_folder_pipeline_tables_hold_each_loaders_positive_figures(synthetic_data_dir, tmp_path):
+    # The harness's folder measurement on the synthetic IDX files written as PNGs, with tiny counts.
+    cache = tmp_path / "cache"
+    folder = measure_folder(
+        synthetic_data_dir, cache, samples=96, lazy_samples=64, steps=3, warmup=1, passes=2, val_size=200
+    )  # fmt: skip
+    # The tree holds every image once, in its label's folder (1,200 training, 300 test images).
+    tree, raw = cache / TREE_NAME, synthetic_data_dir / "MNIST" / "raw"
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        labels = read_idx_file(raw / f"{prefix}-labels-idx1-ubyte", 1, "labels").tolist()
+        assert {digit: len(list((tree / split / str(digit)).glob("*.png"))) for digit in range(10)} == {
+            digit: labels.count(digit) for digit in range(10)
+        }
+    assert (folder["images"], folder["train_images"]) == (1500, 1000)
+    assert folder["samples"] == dict(zip(FOLDER_LOADERS, (96, 64, 64, 64)))
+
+    text = folder_tables(folder)
+    rates, waits = text.split("Training step's data wait")
+    for name in FOLDER_LOADERS:
+        rate, ratio, samples = table_rows(rates, name)
+        assert number(rate) > 0 and number(ratio) > 0 and number(samples) == folder["samples"][name]
+    assert number(table_rows(rates, "folder_in_memory")[1]) == 1
+    for name in WAIT_LOADERS:
+        wait, ratio, step, share = table_rows(waits, name)
+        assert number(wait) > 0 and number(ratio) > 0 and number(step) > 0
+        assert 0 <= float(share.rstrip("%")) <= 100
+
+    # benchmarks.run's report holds them after the MNIST input pipeline's table.
+    runs = {program: [dict.fromkeys((row[0] for row in ROWS), 1.0)] for program in ("reference", "template")}
+    options = argparse.Namespace(seeds=[1], gpu=False, nproc=2)
+    page = report(runs, {"template": 3.0, "tensor_dataset": 2.0, "pil": 1.0}, options, "command", folder)
+    assert text in page and page.index("| pil |") < page.index(text) < page.index("Fast recipe")
+
+    # Written once: a complete tree is reused; one without its marker (an interrupted write) is redone.
+    marker = tree / TREE_MARKER
+    written = marker.stat().st_mtime_ns
+    assert write_png_tree(raw, tree) == tree and marker.stat().st_mtime_ns == written
+    marker.unlink()
+    next((tree / "train" / "3").glob("*.png")).unlink()
+    write_png_tree(raw, tree)
+    assert marker.is_file() and len(list((tree / "train").rglob("*.png"))) == 1200
+
+
+def test_folder_measurements_take_any_image_folder(tmp_path):
+    # An RGB folder of another size and classes (5 colours, 32x32): the same loaders, and the CNN built for it.
+    root = make_image_folder(tmp_path / "colours", counts={"train": 20, "test": 4})
+    modules = folder_datamodules(root, tmp_path / "survey", val_size=0.2)
+    assert modules["folder_in_memory"].spec.input_shape == (3, 32, 32)
+    rates = measure_folder_pipelines(modules, samples=32, passes=1)
+    waits = measure_data_wait(modules, steps=2, warmup=1, passes=1)
+    assert list(rates) == list(FOLDER_LOADERS) and all(rate > 0 for rate in rates.values())
+    assert list(waits) == list(WAIT_LOADERS) and all(w["wait_ms"] > 0 and w["step_ms"] > 0 for w in waits.values())
