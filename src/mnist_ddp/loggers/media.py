@@ -36,7 +36,7 @@ def media_loggers(trainer: L.Trainer) -> list:
             _skipped_notice_given.add(id(logger))
             rank_zero_info(
                 f"{type(logger).__name__} has no API for figures or text: the input batch, confusion matrix and "
-                "misclassified digits go to the other loggers only (logger=tensorboard, mlflow or wandb shows them)."
+                "misclassified images go to the other loggers only (logger=tensorboard, mlflow or wandb shows them)."
             )
     return [logger for logger in trainer.loggers if isinstance(logger, MEDIA_LOGGERS)]
 

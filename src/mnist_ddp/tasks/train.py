@@ -2,8 +2,8 @@
 
 :func:`train` runs the job on ``trainer.devices`` DDP processes (:func:`mnist_ddp.cli.job.run_job`).
 Each process builds the DataModule, model, callbacks, logger and DDP Trainer from the config,
-trains, then evaluates the best checkpoint on the validation split and on the official
-10,000-image test set (:func:`fit_and_test`); global rank 0 writes both to ``metrics.json`` in the
+trains, then evaluates the best checkpoint on the validation split and on the data set's test split
+(MNIST's official 10,000 images by default) (:func:`fit_and_test`); global rank 0 writes both to ``metrics.json`` in the
 run directory.
 """
 
