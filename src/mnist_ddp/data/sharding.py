@@ -7,7 +7,10 @@ batch, no accumulation), the ``k``-th global batch is therefore positions ``[k G
 the permutation, whatever ``W`` is (with ``a`` accumulated micro-batches, the ``k``-th optimizer
 step is positions ``[k G, (k + 1) G)`` too). A position in an epoch is then one integer, the
 global samples already trained, and it means the same on any world size with the same global
-batch: a run resumes there with another number of processes.
+batch: a run resumes there with another number of processes. (The epoch's last batch is the
+exception when the global batch does not divide the shards: each rank's last micro-batch is what
+its shard has left, so the last step, and the steps per epoch, can differ between world sizes: with
+1,202 samples and a global batch of 12, 2 processes take 101 steps and 3 take 100.)
 
 Lightning saves and restores a training dataloader's position when the loader has
 ``state_dict`` / ``load_state_dict`` (its "stateful dataloader" protocol, which it otherwise
