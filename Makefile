@@ -4,7 +4,7 @@
 #   make test PYTEST_ARGS="-k data"
 # `make test-fast` runs the in-process tests only (tests/unit/, under 2 minutes on 2 cores); `make test` is
 # the whole suite, with the real DDP processes and command lines of tests/system/ (what CI runs).
-# And the benchmark against a hand-written DDP loop and plain Lightning (about 25 minutes on 2 CPU
+# And the benchmark against a hand-written DDP loop and plain Lightning (about 27 minutes on 2 CPU
 # cores), which writes benchmarks/results.md, benchmarks/per_step.md and the results sections of
 # docs/performance.md:
 #   make benchmark BENCH_ARGS="--data-dir /path/to/data"   (flags both harnesses take: --data-dir, --nproc)

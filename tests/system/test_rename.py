@@ -16,14 +16,16 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli_env
+from conftest import REPO, cli_env, make_image_folder
 
 # Joined here, not written out: the rename refuses a name that is already a word of the code.
 NEW_DIST, NEW_PACKAGE = "-".join(("acme", "vision")), "_".join(("acme", "vision"))
 #: The renamed project's quick subset: its configs compose under the renamed schema, and every
 #: class named by a _target_ imports from the renamed package with the configs' defaults (a real
-#: training run of the renamed project, through its command-line check, is the console-script test below).
-QUICK_TESTS = "tests/unit/test_defaults.py"
+#: training run of the renamed project, through its command-line check, is the console-script test
+#: below); and, with the project's default data set changed to a folder of its own, the tests of the
+#: configs, their refusals and the IDX data, which choose the data set they read themselves.
+QUICK_TESTS = " ".join(f"tests/unit/test_{name}.py" for name in ("defaults", "config", "refusals", "data"))
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -142,7 +144,13 @@ def clean_env() -> dict[str, str]:
     return {key: value for key, value in cli_env().items() if key not in drop and not key.startswith("PYTEST_")}
 
 
-def test_the_renamed_projects_make_test_passes(installed):
+def test_the_renamed_projects_make_test_passes(installed, tmp_path):
+    # The user's own data set, a folder of images, made the project's default (conf/config.yaml).
+    colours = make_image_folder(tmp_path / "colours", counts={"train": 6, "test": 2})
+    (installed / "conf" / "data" / "colours.yaml").write_text(f"defaults:\n  - folder\n  - _self_\nroot: {colours}\n")
+    config = installed / "conf" / "config.yaml"
+    config.write_text(config.read_text().replace("  - data: mnist\n", "  - data: colours\n", 1))
+    assert "  - data: colours\n" in config.read_text()
     env = clean_env()
     result = subprocess.run(
         ["make", "test", f"PYTEST_ARGS=-n 0 -p no:cacheprovider {QUICK_TESTS}"],

@@ -96,7 +96,7 @@ def _compose(config_name: str, overrides: list[str]) -> DictConfig:
             f"{group}={option}: no such option in conf/{group}/ (available: {', '.join(options)})."
         ) from None
     except (ConfigCompositionException, HydraException, OmegaConfBaseException) as error:
-        raise UsageError(_describe(error, compose(config_name))) from None
+        raise UsageError(_describe(error, _with_choices(config_name, overrides))) from None
     except AssertionError:  # OmegaConf.update under a null node: a key of a logger not selected
         raise UsageError(_under_null_node(overrides, compose(config_name))) from None
     check_data_target(cfg)
@@ -287,9 +287,21 @@ def _unknown_key(key: str, cfg: DictConfig) -> str:
     return f"Unknown key {key} ({allowed}).{hint}"
 
 
+def _with_choices(config_name: str, overrides: Sequence[str]) -> DictConfig:
+    """The config with only the group choices of ``overrides`` (``data=folder``, not its keys): what an
+    unknown key is described against, so that ``data=folder data.roots=x`` lists the folder's keys.
+    Without the choices when they do not compose either."""
+    choices = [override for override in overrides if "=" in override and "." not in override.split("=", 1)[0]]
+    choices = [override for override in choices if not override.startswith(("+", "~"))]
+    try:
+        return compose(config_name, overrides=choices)
+    except (ConfigCompositionException, HydraException, OmegaConfBaseException):
+        return compose(config_name)
+
+
 def _describe(error: Exception, defaults: DictConfig) -> str:
     """One line for a composition error; an unknown key is described with the keys of ``defaults``
-    (the config without this command's overrides)."""
+    (the config with this command's group choices, without its other overrides)."""
     cause = error.__cause__ or error
     if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
         return _unknown_key(cause.full_key, defaults)

@@ -116,9 +116,10 @@ def data_set_of_run(cfg: DictConfig, run: DictConfig | None, checkpoint: Path, o
         if mine == run_value:
             continue
         if key in explicit or "" in explicit:
-            given = f"data.{key}={mine}" if key in explicit else f"data={explicit['']} (data.{key}={mine})"
+            mine_text, run_text = _as_override(mine), _as_override(run_value)
+            given = f"data.{key}={mine_text}" if key in explicit else f"data={explicit['']} (data.{key}={mine_text})"
             raise ConfigValueError(
-                f"{given}: the checkpoint's run trained on data.{key}={run_value} ({run_config_path(checkpoint)}). "
+                f"{given}: the checkpoint's run trained on data.{key}={run_text} ({run_config_path(checkpoint)}). "
                 "Leave it out to use the data set (and normalization) the model was trained for."
             )
         if key in theirs:
@@ -142,6 +143,15 @@ def _overridden_data_keys(overrides: Sequence[str]) -> dict[str, str]:
         elif name.startswith("data."):
             keys[name.split(".")[1]] = override.get_value_element_as_str()
     return keys
+
+
+def _as_override(value: Any) -> str:
+    """A value as a command line writes it: ``null``, ``true``, ``[A,B]``, ``0.5``."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, list):
+        return f"[{','.join(_as_override(item) for item in value)}]"
+    return str(value)
 
 
 def _plain(value: Any) -> Any:

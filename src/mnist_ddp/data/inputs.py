@@ -30,8 +30,8 @@ def list_inputs(path: Path) -> list[str]:
     """The names of the inputs at ``path``, in the order of their predictions.
 
     Args:
-        path: a folder (every PNG or JPEG file in it and its subfolders, by its path relative to
-            ``path``, sorted), a PNG or JPEG file (its name), or an IDX file of ``(N, H, W)`` uint8
+        path: a folder (every PNG or JPEG file in it and its subfolders but hidden ones, by its
+            path relative to ``path``, sorted), a PNG or JPEG file (its name), or an IDX file of ``(N, H, W)`` uint8
             images, uncompressed or gzipped (``"0"`` .. ``"N-1"``). Nothing is decoded here
             (:func:`check_inputs` does).
 
@@ -58,7 +58,8 @@ def list_inputs(path: Path) -> list[str]:
             f"input={path} cannot be read: permission denied ({error.filename}). Make it readable for this user "
             "(chmod a+rx on folders, a+r on files)."
         ) from None
-    images = [name for name in files if is_image_file(Path(name))]
+    # Hidden files left out, as data=folder leaves them out (such as the ._photo.png macOS writes beside copies).
+    images = [name for name in files if is_image_file(Path(name)) and not Path(name).name.startswith(".")]
     if not images:
         others = f" (it holds {len(files)} other file{'s' * (len(files) > 1)}, such as {files[0]})" if files else ""
         raise DataFormatError(

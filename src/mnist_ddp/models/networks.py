@@ -111,7 +111,9 @@ class MLP(nn.Module):
 class BasicBlock(nn.Module):
     """A residual block of two 3x3 convs with BatchNorm, ``x + F(x)`` (He et al. 2016, "Deep Residual
     Learning for Image Recognition", figure 2); a strided 1x1 conv on the shortcut where the block
-    changes the width or the resolution (their option B)."""
+    changes the width or the resolution (their option B, projections; their CIFAR networks use
+    option A, zero-padded identity shortcuts without parameters: B is the common choice in code, and
+    adds 2.8 k parameters to the ResNet-8)."""
 
     def __init__(self, c_in: int, c_out: int, stride: int) -> None:
         super().__init__()
