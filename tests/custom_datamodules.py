@@ -32,12 +32,13 @@ class PixelDataset(Dataset):
 class TensorDataModule(ClassificationDataModule):
     """Random 3-class 1x8x8 uint8 images made in memory from ``seed``: ``train_size`` training
     samples (the last :data:`DUPLICATES` repeat the first ones), ``val_size`` and ``test_size``
-    others. Odd split sizes leave remainders on 2 and 3 processes."""
+    others. Odd split sizes leave remainders on 2 and 3 processes. The base class's arguments come
+    through ``**kwargs`` (``global_batch_size`` 12 unless given)."""
 
-    def __init__(
-        self, global_batch_size: int = 12, train_size: int = 245, val_size: int = 61, test_size: int = 47, seed: int = 0
-    ) -> None:
-        super().__init__(global_batch_size)
+    def __init__(self, train_size: int = 245, val_size: int = 61, test_size: int = 47, seed: int = 0, **kwargs) -> None:
+        # The base class's arguments (global_batch_size, num_workers, ...) through **kwargs, as
+        # docs/customizing.md writes a DataModule of one's own: its YAML starts from conf/data/base.yaml.
+        super().__init__(**{"global_batch_size": 12, **kwargs})
         self.sizes, self.seed = (train_size, val_size, test_size), seed
 
     @override

@@ -12,12 +12,15 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import torchvision
 from conftest import IDX_DATA
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from mnist_ddp.cli.command_line import check_command_line
+from mnist_ddp.cli.saved_run import data_spec_of_checkpoint
 from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.data.spec import CHECKPOINT_KEY, read_data_spec
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.errors import CheckpointError, UsageError
 from mnist_ddp.models.build import build_model as build_model_for
@@ -28,7 +31,8 @@ register_configs()
 def build_model(*overrides: str) -> L.LightningModule:
     """The default model (for MNIST's shape) with ``overrides``."""
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[IDX_DATA, *overrides])
+        # A data folder given: the paths group's default resolves through Hydra's run-time config.
+        cfg = compose(config_name="config", overrides=[IDX_DATA, "data.data_dir=.", *overrides])
     return build_model_for(cfg.model, instantiate(cfg.data).spec)
 
 
@@ -105,3 +109,32 @@ def test_the_commands_check_the_checkpoint_with_the_command_line(checkpoint, tmp
     # "last" resumes a training run in place; evaluation takes a file.
     with pytest.raises(UsageError, match="ckpt_path=last: evaluation needs a checkpoint file"):
         check_command_line("eval", ["trainer.accelerator=cpu", "ckpt_path=last"])
+
+
+def test_a_checkpoint_of_an_earlier_version_is_applied_with_its_runs_mnist_data_set(
+    checkpoint, tmp_path, synthetic_data
+):
+    # Earlier versions kept no data spec in their checkpoints (MNIST's shape throughout): eval,
+    # predict and export take the data set's from the config, and the networks' layers are the same.
+    old = tmp_path / "old.ckpt"
+    state = torch.load(checkpoint, weights_only=True)
+    del state[CHECKPOINT_KEY]
+    torch.save(state, old)
+    assert read_data_spec(old) is None
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="eval", overrides=[f"ckpt_path={old}", *synthetic_data])
+    assert data_spec_of_checkpoint(cfg, old) == read_data_spec(checkpoint) == instantiate(cfg.data).spec
+    check_checkpoint(old, build_model())
+    for command in ("eval", "export"):
+        check_command_line(
+            command, ["trainer.accelerator=cpu", f"ckpt_path={old}", *synthetic_data][command == "export" :]
+        )
+    predict = [
+        "trainer.accelerator=cpu",
+        "trainer.devices=1",
+        f"ckpt_path={old}",
+        *synthetic_data,
+        f"input={tmp_path / 'in.png'}",
+    ]
+    torchvision.io.write_png(torch.zeros(1, 28, 28, dtype=torch.uint8), str(tmp_path / "in.png"))
+    check_command_line("predict", predict)

@@ -176,3 +176,28 @@ def test_open_nodes_and_trainer_arguments_outside_the_schema_are_accepted(tmp_pa
     (timer,) = (callback for callback in trainer.callbacks if isinstance(callback, Timer))
     assert timer._duration == 600, "max_time reached the Trainer"
     assert any(isinstance(callback, EarlyStopping) for callback in trainer.callbacks)
+
+
+def test_a_datamodule_of_ones_own_gets_its_keys_checked_against_its_signature(tmp_path):
+    # Its YAML, as docs/customizing.md writes one, in a config folder Hydra also searches.
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "mine.yaml").write_text(
+        "defaults:\n  - base\n  - _self_\n_target_: custom_datamodules.TensorDataModule\ntrain_size: 30\n"
+    )
+    mine = ["data=mine", f"hydra.searchpath=[file://{tmp_path}]"]
+    (job,) = composed_jobs("config", mine)  # its own key and the base class's, reached through **kwargs
+    assert job.cfg.data.train_size == 30 and job.cfg.data.crop_padding == 0
+    with pytest.raises(UsageError) as typo:
+        composed_jobs("config", [*mine, "+data.train_sise=3"])
+    assert str(typo.value) == (
+        "Unknown key data.train_sise (custom_datamodules.TensorDataModule takes crop_padding, global_batch_size, "
+        "horizontal_flip, num_workers, on_device, prepare_data_per_node, seed, shuffle_seed, test_size, train_size, "
+        "val_size). Did you mean data.train_size?"
+    )
+    # Its class named on top of the MNIST data set's keys: refused, pointing to a YAML of its own.
+    with pytest.raises(
+        UsageError,
+        match=r"^data._target_=custom_datamodules.TensorDataModule: the keys of this data "
+        r"option are mnist_ddp.data.datamodule.MNISTDataModule's. A DataModule of your own gets a YAML",
+    ):
+        composed_jobs("config", [IDX_DATA, "data._target_=custom_datamodules.TensorDataModule"])
