@@ -62,3 +62,20 @@ def test_slurm_variables_map_to_ranks_on_many_nodes(monkeypatch, tmp_path):
         "scontrol requeue 1234567 failed (no scontrol on PATH): the job does not run again by itself; resume it "
         "with ckpt_path=/run/last.ckpt."
     )
+
+
+def test_the_failure_named_is_the_cause_not_the_agents_sigterm_that_followed_it():
+    # Rank 0 stopped on a SIGTERM it handled (exit 143); the agent then SIGTERMed rank 1, which had
+    # already recorded its lost connection and no longer handled it, and whose record bears the
+    # earlier second (the chaos test's trial "validation, sigterm" met this).
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from mnist_ddp.distributed.launch import root_failure
+
+    stopped = ProcessFailure(local_rank=0, pid=10, exitcode=143, error_file="/nonexistent")
+    killed = ProcessFailure(local_rank=1, pid=11, exitcode=-15, error_file="/nonexistent")
+    killed.timestamp = stopped.timestamp - 1
+    assert root_failure({0: stopped, 1: killed})[0] == 0
+    # Another signal (the OOM killer's SIGKILL) still comes before a stop.
+    oom = ProcessFailure(local_rank=1, pid=11, exitcode=-9, error_file="/nonexistent")
+    assert root_failure({0: stopped, 1: oom})[0] == 1

@@ -257,14 +257,20 @@ def root_failure(failures: dict) -> tuple[int, object]:
     often within the same second (torch's failure timestamps have 1 s resolution, so its own
     ``get_first_failure`` may name a consequence). So the kinds rank first: an exception of the
     process's own, then death by another signal (SIGKILL: the OOM killer; SIGSEGV), then a stop
-    by SIGINT / SIGTERM, then a lost connection; within a kind, the earliest, then the lowest rank.
+    by SIGINT / SIGTERM that the process handled (exit status 128 + the signal), then a death by
+    one it did not (the agent's own SIGTERM to the processes left, which a process that was
+    already ending no longer handles), then a lost connection; within a kind, the earliest, then
+    the lowest rank. (The agent's SIGTERM and the stop it follows can bear the same second, or the
+    consequence the earlier one: its exception's record is written before the agent notices.)
     """
 
     def kind(failure: object) -> int:
         description = describe_failure(failure)
         if PEER_LOST_PATTERN.search(description):
+            return 4
+        if re.match(r"killed by SIG(INT|TERM|HUP)\b", description):
             return 3
-        if re.match(r"(stopped|killed) by SIG(INT|TERM|HUP)\b", description):
+        if re.match(r"stopped by SIG(INT|TERM|HUP)\b", description):
             return 2
         return 1 if description.startswith("killed by") else 0
 
