@@ -12,6 +12,7 @@ from pathlib import Path
 
 import lightning as L
 import yaml
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
@@ -112,9 +113,14 @@ def fit_and_test(cfg: DictConfig) -> dict:
 
 
 def job_overrides(run_dir: Path) -> list[str]:
-    """The job's command-line overrides, as Hydra saved them in ``<run_dir>/.hydra/overrides.yaml``
-    (none if it is missing): each process reads them there, since only the one that ran Hydra has
-    Hydra's own record."""
+    """The job's command-line overrides: Hydra's own record in a process that ran Hydra (every
+    process under torchrun or SLURM), else as Hydra saved them in ``<run_dir>/.hydra/overrides.yaml``
+    (none if it is missing), which the supervisor's Hydra wrote before it started this worker.
+
+    (Under torchrun only global rank 0 writes that file, while the other processes may already read
+    it: a process of a second node once read it empty.)"""
+    if HydraConfig.initialized():
+        return list(HydraConfig.get().overrides.task)
     path = run_dir / ".hydra" / "overrides.yaml"
     # Read as YAML text, not through OmegaConf, which would resolve an override's own
     # interpolation (out_dir=${paths.output_dir}/samples) against the list.
