@@ -123,3 +123,12 @@ class ShufflesAnewEachFit(TensorDataModule):
         ShufflesAnewEachFit.fits += 1  # once per fit in each process
         self.shuffle_seed = ShufflesAnewEachFit.fits
         return super().train_dataloader()
+
+
+class MissingFile(TensorDataModule):
+    """Its ``describe()`` reads a file that is not there, and raises what the reading raises."""
+
+    @override
+    def describe(self) -> DataSpec:
+        open("/nonexistent/images.npz", "rb")  # raises FileNotFoundError
+        raise AssertionError("unreachable")

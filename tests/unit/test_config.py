@@ -194,6 +194,18 @@ def test_a_datamodule_of_ones_own_gets_its_keys_checked_against_its_signature(tm
         "horizontal_flip, num_workers, on_device, prepare_data_per_node, seed, shuffle_seed, test_size, train_size, "
         "val_size). Did you mean data.train_size?"
     )
+    # Its describe() raising what its reading raises: one line before launch, naming the class.
+    (tmp_path / "data" / "missing.yaml").write_text(
+        "defaults:\n  - base\n  - _self_\n_target_: custom_datamodules.MissingFile\n"
+    )
+    with pytest.raises(UsageError) as missing:
+        check_command_line(
+            "config", ["data=missing", f"hydra.searchpath=[file://{tmp_path}]", "trainer.accelerator=cpu"]
+        )
+    assert str(missing.value) == (
+        "data: MissingFile.describe() failed: FileNotFoundError: [Errno 2] No such file or directory: "
+        "'/nonexistent/images.npz'"
+    )
     # Its class named on top of the MNIST data set's keys: refused, pointing to a YAML of its own.
     with pytest.raises(
         UsageError,

@@ -441,7 +441,8 @@ DECODE_FIX = "Replace it with a PNG or JPEG image, or remove it."
 def no_root(root):
     message = (
         f"data.root={root / 'nowhere'} is not a folder. Point it at a folder with train/<class>/ and test/<class>/ "
-        "folders of PNG or JPEG images."
+        "folders of PNG or JPEG images (for eval, predict or export of a run whose folder moved: "
+        "data.root=<its new place>)."
     )
     return {"root": root / "nowhere"}, DataNotAvailableError, message
 
@@ -666,8 +667,16 @@ def test_refused_inputs_are_accepted_with_the_setting_that_converts_them(tmp_pat
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"mean": 0.5}, "data.mean and data.std are given together, or both left null (computed)."),
-        ({"std": [0.2, 0.2, 0.2]}, "data.mean and data.std are given together, or both left null (computed)."),
+        (
+            {"mean": 0.5},
+            "data.mean=0.5 is given without data.std: give both (per channel, on a 0..1 scale), or leave "
+            "both null to compute them from train/.",
+        ),
+        (
+            {"std": [0.2, 0.2, 0.2]},
+            "data.std=[0.2, 0.2, 0.2] is given without data.mean: give both (per channel, on "
+            "a 0..1 scale), or leave both null to compute them from train/.",
+        ),
         ({"val_size": 0}, "data.val_size=0 must be a fraction in (0, 1) or a count of at least 1."),
         ({"image_size": [8]}, "data.image_size=[8] must be [height, width] in pixels, or null."),
         ({"channels": 5}, "data.channels=5 must be 1 (gray), 3 (RGB), 2 or 4 (with alpha), or null."),

@@ -44,7 +44,7 @@ from mnist_ddp.distributed.layout import (
     resolve_devices,
     uses_cuda,
 )
-from mnist_ddp.errors import ConfigValueError, UsageError
+from mnist_ddp.errors import ConfigValueError, UsageError, first_line
 from mnist_ddp.loggers.trackers import check_tracker_packages
 from mnist_ddp.models.build import build_model
 from mnist_ddp.tasks.export import check_exporter, check_output, output_path
@@ -139,7 +139,7 @@ def check_model(
     checkpoint = cfg.get("ckpt_path")
     applied = config_name in CHECKPOINT_USES
     saved = _saved_spec(Path(checkpoint)) if applied else None
-    spec = saved if config_name == "predict" and saved is not None else datamodule.spec
+    spec = saved if config_name == "predict" and saved is not None else _described(datamodule)
     if applied and config_name != "predict":
         check_same_data(spec, saved, Path(checkpoint), cfg.data._target_)
     try:
@@ -149,6 +149,22 @@ def check_model(
     if config_name not in CHECKPOINT_USES:
         check_schedule(cfg.trainer, model, model_cfg.optimizer)
     return model
+
+
+def _described(datamodule: L.LightningDataModule) -> DataSpec:
+    """``datamodule.spec``, with any error of a DataModule's ``describe()`` as one line: a
+    DataModule of one's own may raise what its reading raises (a missing file's ``FileNotFoundError``).
+
+    Raises:
+        UsageError: the DataModule's own, or its other error naming the class.
+    """
+    try:
+        return datamodule.spec
+    except UsageError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a user's describe() may raise anything; one line, not a traceback
+        raise UsageError(f"data: {type(datamodule).__name__}.describe() failed: {type(error).__name__}: "
+                         f"{first_line(error)}") from None  # fmt: skip
 
 
 def _saved_spec(checkpoint: Path) -> DataSpec | None:

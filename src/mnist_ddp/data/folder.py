@@ -217,7 +217,11 @@ class ImageFolderDataModule(ClassificationDataModule):
         if channels is not None and channels not in (1, 2, 3, 4):
             raise ConfigValueError(f"data.channels={channels} must be 1 (gray), 3 (RGB), 2 or 4 (with alpha), or null.")
         if (mean is None) != (std is None):
-            raise ConfigValueError("data.mean and data.std are given together, or both left null (computed).")
+            given, missing = ("data.mean", "data.std") if std is None else ("data.std", "data.mean")
+            raise ConfigValueError(
+                f"{given}={mean if std is None else std} is given without {missing}: give both (per channel, on a "
+                "0..1 scale), or leave both null to compute them from train/."
+            )
         self.root = Path(root)
         # A count, as typed: the config's schema types val_size as a float, which makes 40 into 40.0.
         val_size = int(val_size) if val_size >= 1 and float(val_size).is_integer() else val_size
@@ -245,7 +249,8 @@ class ImageFolderDataModule(ClassificationDataModule):
             if not self.root.is_dir():
                 raise DataNotAvailableError(
                     f"data.root={self.root} is not a folder. Point it at a folder with train/<class>/ and "
-                    "test/<class>/ folders of PNG or JPEG images."
+                    "test/<class>/ folders of PNG or JPEG images (for eval, predict or export of a run whose "
+                    "folder moved: data.root=<its new place>)."
                 )
             for required in ("train", "test"):
                 if not (self.root / required).is_dir():
@@ -372,7 +377,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         channels = survey.input_shape[0]
         mean = per_channel(self.given_mean, channels) if self.given_mean is not None else survey.mean
         std = per_channel(self.given_std, channels) if self.given_std is not None else survey.std
-        if any(value <= 0 for value in std):
+        if self.given_std is None and any(value <= 0 for value in std):  # a given one: DataSpec refuses it
             raise DataFormatError(
                 f"The training images of {self.root / 'train'} have a channel of one constant value (std {list(std)}), "
                 "which cannot be normalized: give data.std (and data.mean) yourself."
