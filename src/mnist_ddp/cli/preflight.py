@@ -69,7 +69,7 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
     if not jobs:  # a command line left to Hydra (--help, --cfg ...)
         return
     training = config_name not in CHECKPOINT_USES
-    data_sets = []
+    data_sets: list[tuple[dict, L.LightningDataModule]] = []  # each data set once: its resolved node, its DataModule
     for job in jobs:
         output_dir = _output_dir(job)
         cfg = job.cfg
@@ -81,8 +81,8 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
         if config_name == "predict":  # its inputs, instead of the data set's files
             world_size = cfg.trainer.num_nodes * processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices)
             check_inputs(Path(cfg.input), world_size, model.data_spec, cfg.resize)
-        elif (data := OmegaConf.to_container(cfg.data, resolve=True)) not in data_sets:  # resolved in its job
-            data_sets.append(data)
+        elif (data := OmegaConf.to_container(cfg.data, resolve=True)) not in [node for node, _ in data_sets]:
+            data_sets.append((data, datamodule))  # the one built (and described) in its job: not scanned again
     if not launched_externally() and config_name != "export":  # an export forms no process group
         check_rendezvous_address()
     resume = cfg.get("ckpt_path") == "last"
@@ -90,8 +90,8 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
         check_resume_in_place(output_dir)
     check_output_dir(output_dir, job.multirun, resume)
     if not launched_externally():  # under torchrun or SLURM, Lightning prepares the data on each node
-        for data in data_sets:
-            check_data(data, training=training)
+        for _, datamodule in data_sets:
+            check_data(datamodule, training=training)
 
 
 def apply_checkpoint_run(cfg: DictConfig, overrides: Sequence[str], purpose: str) -> DictConfig:
@@ -253,17 +253,15 @@ def check_output_dir(output_dir: Path, multirun: bool, resume: bool) -> None:
     )
 
 
-def check_data(data: dict, training: bool) -> None:
-    """Fetch the data set of ``data`` (a resolved ``data`` node) when it is missing
-    (``data.download``) and check its files, once, here:
-    missing or broken data is one line before any run directory or process exists. For
-    ``training``, also check that ``data.val_size`` leaves training images (evaluation has no
-    validation split).
+def check_data(datamodule: L.LightningDataModule, training: bool) -> None:
+    """Fetch the data set of ``datamodule`` when it is missing (``data.download``) and check its
+    files, once, here: missing or broken data is one line before any run directory or process
+    exists. For ``training``, also check that ``data.val_size`` leaves training images (evaluation
+    has no validation split).
 
     Raises:
-        UsageError: the data's own errors (:mod:`mnist_ddp.data.idx`), each one line.
+        UsageError: the data's own errors (:mod:`mnist_ddp.data.idx`, :mod:`mnist_ddp.data.folder`), each one line.
     """
-    datamodule = instantiate(data)
     datamodule.prepare_data()
     # ClassificationDataModule's optional check (a DataModule not built on it has none).
     if training and hasattr(datamodule, "check_val_size"):

@@ -228,10 +228,8 @@ class ImageFolderDataModule(ClassificationDataModule):
         self.val_size, self.split_seed = val_size, split_seed
         self.image_size = tuple(image_size) if image_size is not None else None
         self.channels = channels
-        self.given_mean = (
-            None if mean is None else per_channel(mean, 1) if isinstance(mean, int | float) else tuple(mean)
-        )
-        self.given_std = None if std is None else per_channel(std, 1) if isinstance(std, int | float) else tuple(std)
+        # As given (one value or one per channel); describe() spreads them over the channels.
+        self.given_mean, self.given_std = mean, std
         self.in_memory_limit_mib = in_memory_limit_mib
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._splits: dict[str, FolderSplit] | None = None
@@ -323,7 +321,7 @@ class ImageFolderDataModule(ClassificationDataModule):
             return Survey(tuple(saved["input_shape"]), tuple(saved["mean"]), tuple(saved["std"]))
         count = sum(len(split.files) for split in self.splits.values())
         log.info(f"Checking the {count} images of {self.root} (once: the result is kept in {self.cache_dir})")
-        first: dict[str, tuple[Path, tuple[int, ...]]] = {}
+        first: dict[str, object] = {}  # the first image's path and shape, which every other must have
         sums = sums_of_squares = None
         pixels_per_channel = 0
         for split, content in self.splits.items():
@@ -338,7 +336,8 @@ class ImageFolderDataModule(ClassificationDataModule):
                     squares = (values * values).sum(1)
                     sums_of_squares = squares if sums_of_squares is None else sums_of_squares + squares
                     pixels_per_channel += values.shape[1]
-        channels, (height, width) = first["channels"][1][0], self.image_size or first["size"][1]
+        channels, *size = first["shape"]
+        height, width = self.image_size or size
         mean = sums / pixels_per_channel
         std = (sums_of_squares / pixels_per_channel - mean * mean).clamp(min=0).sqrt()
         survey = Survey((channels, height, width), tuple(mean.tolist()), tuple(std.tolist()))
@@ -349,23 +348,22 @@ class ImageFolderDataModule(ClassificationDataModule):
         return survey
 
     def _check_like_first(self, path: Path, pixels: Tensor, first: dict) -> None:
-        """Refuse an image whose channel count or size differs from the first image's (where neither
-        ``channels`` nor ``image_size`` converts them)."""
-        channels, size = (pixels.shape[0],), tuple(pixels.shape[1:])
-        for kind, value, fix in (("channels", channels, "data.channels=3 (or 1)"), ("size", size, None)):
-            if kind not in first:
-                first[kind] = (path, value)
-            elif first[kind][1] != value and not (kind == "size" and self.image_size is not None):
-                other, seen = first[kind]
-                if kind == "channels":
-                    raise DataFormatError(
-                        f"{path} has {value[0]} channel{'s' * (value[0] > 1)}, {other} has {seen[0]}: a data set needs "
-                        f"one channel count. Convert them all with {fix}."
-                    )
-                raise DataFormatError(
-                    f"{path} is {value[0]}x{value[1]} pixels, {other} is {seen[0]}x{seen[1]}: a data set needs one "
-                    f"image size. Resize them all with data.image_size=[{seen[0]},{seen[1]}] (height, width)."
-                )
+        """Refuse an image whose channel count, or size (unless ``image_size`` resizes them all),
+        differs from the first image's; remember the first one in ``first``."""
+        if not first:
+            first.update(path=path, shape=tuple(pixels.shape))
+            return
+        (channels, *size), (seen_channels, *seen_size), other = pixels.shape, first["shape"], first["path"]
+        if channels != seen_channels:
+            raise DataFormatError(
+                f"{path} has {channels} channel{'s' * (channels > 1)}, {other} has {seen_channels}: a data set needs "
+                "one channel count. Convert them all with data.channels=3 (or 1)."
+            )
+        if self.image_size is None and list(size) != seen_size:
+            raise DataFormatError(
+                f"{path} is {size[0]}x{size[1]} pixels, {other} is {seen_size[0]}x{seen_size[1]}: a data set needs one "
+                f"image size. Resize them all with data.image_size=[{seen_size[0]},{seen_size[1]}] (height, width)."
+            )
 
     # The DataModule's hooks.
 

@@ -109,7 +109,7 @@ def check_inputs(path: Path, world_size: int, spec: DataSpec, resize: bool = Fal
     images = InputImages(path, spec, resize)
     for index in range(len(images)) if images.files is not None else ():
         images.pixels_of(index)
-    if images.files is None:  # an IDX file: one shape for all its images
+    if images.files is None and len(images):  # an IDX file: one shape for all its images
         fit_to_model(images.pixels[0], spec, f"input={path} (its images)", resize)
     names = images.names
     if len(names) < world_size:
