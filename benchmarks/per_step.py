@@ -39,8 +39,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.run import REPO, harness_env, torchrun, update_page
+from mnist_ddp.core.errors import UsageError
 from mnist_ddp.data.idx import ensure_mnist_files
-from mnist_ddp.errors import UsageError
 
 PER_STEP_START, PER_STEP_END = "<!-- per-step results: start -->", "<!-- per-step results: end -->"
 GLOBAL_BATCH = 64

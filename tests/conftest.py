@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torchvision.datasets import MNIST
 
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.data.idx import MNIST_FILES
 from mnist_ddp.models.build import build_model
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from torchvision.datasets import MNIST
 
+from mnist_ddp.core.errors import DataNotAvailableError, first_line
 from mnist_ddp.data.idx import ensure_mnist_files
-from mnist_ddp.errors import DataNotAvailableError, first_line
 
 
 def main(argv: Sequence[str] | None = None) -> None:

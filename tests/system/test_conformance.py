@@ -11,8 +11,8 @@ import torch
 from conftest import make_image_folder
 from custom_datamodules import DUPLICATES, TensorDataModule
 
+from mnist_ddp.core.errors import UsageError
 from mnist_ddp.data.conformance import ConformanceError, check_conformance, sample_ids
-from mnist_ddp.errors import UsageError
 
 pytestmark = pytest.mark.timeout(300)
 

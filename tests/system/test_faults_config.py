@@ -66,7 +66,7 @@ def test_a_read_only_log_folder_is_refused(synthetic_data_dir):
 @pytest.mark.parametrize(("module", "typo"), [("mnist_ddp.train", "data.global_batch_sze=64"),
                                              ("mnist_ddp.eval", "trainer.devics=2")])  # fmt: skip
 def test_a_typo_is_refused_before_torch_is_imported(module, typo, tmp_path):
-    # The keys are checked with Hydra alone (cli/compose.py): torch and Lightning take seconds.
+    # The keys are checked with Hydra alone (config/compose.py): torch and Lightning take seconds.
     command = cli_command(typo, log_dir=tmp_path, module=module)
     command[1:1] = ["-X", "importtime"]  # Python lists every module it imports on stderr
     result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)

@@ -14,7 +14,7 @@ from conftest import read_scalars, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.data.spec import read_data_spec
 from mnist_ddp.models.build import build_model
 

@@ -83,7 +83,7 @@ def test_the_installed_console_scripts_compose_the_packaged_config_from_anywhere
     assert cfg["data"]["global_batch_size"] == 128 and cfg["data"]["subdir"] == "MNIST/raw"  # conf/data/
     assert cfg["model"]["net"]["_target_"] == "mnist_ddp.models.networks.CNN"  # conf/model/cnn.yaml
 
-    # The checks before Hydra (cli/preflight.py) compose the config too: a value only the composed
+    # The checks before Hydra (config/checks.py) compose the config too: a value only the composed
     # config refuses, and a group option listed from the packaged conf/data/.
     result = run_script(
         venv, "mnist-ddp-train", "trainer.accelerator=cpu", "trainer.devices=2", "data.global_batch_size=127",

@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torchvision.io import write_png
 
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.data.idx import IMAGES_KIND, MNIST_FILES, read_idx_file
 from mnist_ddp.data.spec import read_data_spec
 from mnist_ddp.models.build import build_model

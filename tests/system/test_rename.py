@@ -111,7 +111,7 @@ def test_no_trace_of_the_old_name_is_left(renamed):
     # 36 lines of imports and references, fall below it).
     git("add", "--all", cwd=renamed)
     status = git("diff", "--cached", "--name-status", "-M", cwd=renamed)
-    for module in ("tasks/train.py", "data/datamodule.py", "models/networks.py", "cli/preflight.py"):
+    for module in ("run/train.py", "data/datamodule.py", "models/networks.py", "config/checks.py"):
         assert re.search(rf"^R\d+\tsrc/mnist_ddp/{module}\tsrc/{NEW_PACKAGE}/{module}$", status, re.MULTILINE), status
 
 

@@ -9,7 +9,7 @@ from hydra.utils import instantiate
 
 from benchmarks import per_step
 from benchmarks.reference_ddp import make_model
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 
 
 def test_reference_builds_the_fast_recipes_model_with_the_same_initial_weights():

@@ -17,12 +17,11 @@ from conftest import IDX_DATA
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from mnist_ddp.cli.command_line import check_command_line
-from mnist_ddp.cli.saved_run import data_spec_of_checkpoint
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
-from mnist_ddp.data.spec import CHECKPOINT_KEY, read_data_spec
+from mnist_ddp.config.command_line import check_command_line
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
+from mnist_ddp.core.errors import CheckpointError, UsageError
+from mnist_ddp.data.spec import CHECKPOINT_KEY, checkpoint_data_spec, read_data_spec
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
-from mnist_ddp.errors import CheckpointError, UsageError
 from mnist_ddp.models.build import build_model as build_model_for
 
 register_configs()
@@ -123,7 +122,7 @@ def test_a_checkpoint_of_an_earlier_version_is_applied_with_its_runs_mnist_data_
     assert read_data_spec(old) is None
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="eval", overrides=[f"ckpt_path={old}", *synthetic_data])
-    assert data_spec_of_checkpoint(cfg, old) == read_data_spec(checkpoint) == instantiate(cfg.data).spec
+    assert checkpoint_data_spec(old, cfg.data) == read_data_spec(checkpoint) == instantiate(cfg.data).spec
     check_checkpoint(old, build_model())
     for command in ("eval", "export"):
         check_command_line(

@@ -13,11 +13,11 @@ from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, Prog
 from omegaconf import open_dict
 from torch.nn import BatchNorm2d
 
-from mnist_ddp.cli.command_line import check_command_line
-from mnist_ddp.cli.compose import composed_jobs, trainer_arguments, with_trainer_arguments
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
-from mnist_ddp.cli.trainer import build_trainer
-from mnist_ddp.errors import UsageError
+from mnist_ddp.config.command_line import check_command_line
+from mnist_ddp.config.compose import composed_jobs, trainer_arguments, with_trainer_arguments
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
+from mnist_ddp.core.errors import UsageError
+from mnist_ddp.run.trainer import build_trainer
 
 register_configs()
 

@@ -13,7 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.models.build import build_model
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -22,9 +22,9 @@ import torch
 from conftest import assert_synthetic_files_in_place, copy_data, write_idx
 from torchvision.datasets import MNIST
 
+from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from mnist_ddp.data.datamodule import MNIST_MEAN, MNIST_STD, MNISTDataModule
 from mnist_ddp.data.idx import MNIST_FILES
-from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 
 VAL_SIZE = 150  # of 1,200 synthetic training images; divides by neither 7 nor 8
 

@@ -21,13 +21,13 @@ from omegaconf import OmegaConf
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.mnist import read_image_file
 
-from mnist_ddp.cli.command_line import check_command_line
-from mnist_ddp.cli.saved_run import data_set_of_run, run_config_path, saved_run_config
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.config.command_line import check_command_line
+from mnist_ddp.config.saved_run import data_set_of_run, run_config_path, saved_run_config
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
+from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError, UsageError
 from mnist_ddp.data.datamodule import MNISTDataModule
 from mnist_ddp.data.idx import import_class
 from mnist_ddp.data.spec import CHECKPOINT_KEY
-from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError, UsageError
 
 register_configs()
 

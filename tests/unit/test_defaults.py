@@ -14,10 +14,10 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from mnist_ddp.cli import schema
-from mnist_ddp.cli.compose import missing_values
-from mnist_ddp.cli.saved_run import LOADING_KEYS
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.config import schema
+from mnist_ddp.config.compose import missing_values
+from mnist_ddp.config.saved_run import LOADING_KEYS
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 
 register_configs()
 

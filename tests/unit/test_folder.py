@@ -25,11 +25,11 @@ from hydra.utils import instantiate
 from PIL import Image
 
 import mnist_ddp.data.folder as folder_module
-from mnist_ddp.cli.command_line import check_command_line
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.config.command_line import check_command_line
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
+from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from mnist_ddp.data.base import GatherDataset
 from mnist_ddp.data.folder import FolderImages, ImageFolderDataModule
-from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from mnist_ddp.models.build import build_model
 
 register_configs()
@@ -691,7 +691,7 @@ def test_bad_settings_are_refused_by_the_constructor(tmp_path, kwargs, message):
 def test_the_training_commands_checks_accept_a_good_folder_and_refuse_a_val_size_that_leaves_no_training(
     learnable, tmp_path
 ):
-    # In process, what the command runs before it starts any process (mnist_ddp.cli.preflight.check_data).
+    # In process, what the command runs before it starts any process (mnist_ddp.config.checks.check_data).
     good = ["data=folder", f"data.root={learnable}", "data.global_batch_size=4", "trainer.accelerator=cpu",
             "trainer.devices=2", f"paths.log_dir={tmp_path}"]  # fmt: skip
     check_command_line("config", good)

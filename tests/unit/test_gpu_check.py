@@ -28,7 +28,7 @@ from torch import nn
 from benchmarks import gpu_check, per_step
 from benchmarks.gpu_check import CheckFailed, Results, Step
 from benchmarks.probe import BatchNormStats
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 
 
 def make_plan(tmp_path: Path, gpus: int, *argv: str) -> dict[str, Step]:

@@ -11,12 +11,11 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from omegaconf import open_dict
 
 from mnist_ddp.callbacks.signals import RequeueOnSlurmSignal
-from mnist_ddp.cli.job import launcher_rank
-from mnist_ddp.cli.outputs import run_stamp
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
-from mnist_ddp.cli.trainer import build_trainer
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
+from mnist_ddp.core.environment import launcher_rank, run_stamp
+from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.distributed.checkpoint_io import LastCheckpoint
-from mnist_ddp.errors import ConfigValueError
+from mnist_ddp.run.trainer import build_trainer
 
 
 def test_slurm_variables_map_to_ranks_on_many_nodes(monkeypatch, tmp_path):
@@ -70,7 +69,7 @@ def test_the_failure_named_is_the_cause_not_the_agents_sigterm_that_followed_it(
     # earlier second (the chaos test's trial "validation, sigterm" met this).
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    from mnist_ddp.distributed.launch import root_failure
+    from mnist_ddp.distributed.failures import root_failure
 
     stopped = ProcessFailure(local_rank=0, pid=10, exitcode=143, error_file="/nonexistent")
     killed = ProcessFailure(local_rank=1, pid=11, exitcode=-15, error_file="/nonexistent")

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.distributed.layout import (
     CPU_PROCESSES_WHEN_AUTO,
     per_device_batch_size,
@@ -14,7 +15,6 @@ from mnist_ddp.distributed.layout import (
 )
 from mnist_ddp.distributed.options import CommHook
 from mnist_ddp.distributed.strategy import CommHookDDPStrategy
-from mnist_ddp.errors import ConfigValueError
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ import logging
 import pytest
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from mnist_ddp.cli.job import RankZeroWarningsFilter
+from mnist_ddp.core.log_filters import RankZeroWarningsFilter
 
 
 @pytest.mark.parametrize("rank", [0, 1])

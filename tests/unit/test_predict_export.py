@@ -17,18 +17,19 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from onnx import numpy_helper
 from torchvision.io import encode_jpeg, write_png
 
-from mnist_ddp.cli import outputs
-from mnist_ddp.cli.command_line import check_command_line
-from mnist_ddp.cli.schema import ExportFormat
+from mnist_ddp.config.command_line import check_command_line
+from mnist_ddp.config.schema import ExportFormat
+from mnist_ddp.core import files as outputs
+from mnist_ddp.core.errors import CheckpointError, ConfigValueError, ExportError, UsageError
+from mnist_ddp.core.files import atomic_path
 from mnist_ddp.data.idx import IMAGES_KIND, MNIST_FILES, read_idx_file
 from mnist_ddp.data.inputs import InputImages, check_inputs, list_inputs
 from mnist_ddp.data.spec import DataSpec
-from mnist_ddp.errors import CheckpointError, ConfigValueError, ExportError, UsageError
 from mnist_ddp.models.classifier import MNISTClassifier
 from mnist_ddp.models.networks import CNN
-from mnist_ddp.tasks import export
-from mnist_ddp.tasks.export import PixelClassifier, check_exported, check_exporter, export_model, load_exported, publish
-from mnist_ddp.tasks.predict import COLUMNS, in_input_order, write_predictions
+from mnist_ddp.run import export
+from mnist_ddp.run.export import PixelClassifier, check_exported, check_exporter, export_model, load_exported
+from mnist_ddp.run.predict import COLUMNS, in_input_order, write_predictions
 
 DIGITS = [str(digit) for digit in range(10)]
 #: MNIST's shape, with other statistics than its own (so that the normalization shows).
@@ -183,6 +184,7 @@ def test_the_predictions_csv_is_written_whole_or_not_at_all(tmp_path, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         write_predictions(path, ["x"], torch.tensor([1]), torch.tensor([0.7]), DIGITS)
     assert path.read_text().splitlines()[1:] == ["a/0.png,3,3,0.500000", "1.png,9,9,1.000000"]
+    assert os.listdir(tmp_path) == ["predictions.csv"]  # the interrupted write's temporary file is gone too
 
 
 @pytest.fixture(scope="module")
@@ -237,14 +239,19 @@ def test_an_exported_model_computes_the_modules_logits_and_a_changed_one_is_caug
 
 
 def test_an_export_never_replaces_a_file_and_names_a_missing_package(tmp_path, monkeypatch):
-    complete, existing = tmp_path / ".model.onnx.tmp", tmp_path / "model.onnx"
-    complete.write_bytes(b"new")
+    existing = tmp_path / "model.onnx"
     existing.write_bytes(b"earlier")
+    with pytest.raises(FileExistsError), atomic_path(existing, suffix=".onnx", replace=False) as temporary:
+        temporary.write_bytes(b"new")
+    assert existing.read_bytes() == b"earlier" and os.listdir(tmp_path) == ["model.onnx"]
     with pytest.raises(ConfigValueError, match=r"output=.*model.onnx exists, and an export never overwrites a file"):
-        publish(complete, existing)
-    assert existing.read_bytes() == b"earlier"
-    publish(complete, tmp_path / "other.onnx")
-    assert (tmp_path / "other.onnx").read_bytes() == b"new"
+        export.check_output(existing)
+    with atomic_path(tmp_path / "other.onnx", suffix=".onnx", replace=False) as temporary:
+        temporary.write_bytes(b"new")
+    assert (tmp_path / "other.onnx").read_bytes() == b"new" and sorted(os.listdir(tmp_path)) == [
+        "model.onnx",
+        "other.onnx",
+    ]
 
     check_exporter(ExportFormat.onnx)  # installed here (the dev extra)
     find_spec = export.importlib.util.find_spec

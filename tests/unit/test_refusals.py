@@ -4,7 +4,7 @@ processes, options the device cannot run, a log folder that cannot be written, a
 address that cannot work, a directory that holds or runs another run.
 
 Each is checked in process, through the function the command runs first
-(:func:`~mnist_ddp.cli.command_line.check_command_line`) or the one the supervisor runs before it
+(:func:`~mnist_ddp.config.command_line.check_command_line`) or the one the supervisor runs before it
 starts the workers; the command line's own contract (one line on stderr, exit status 1, no
 directory) is checked once in system/test_hydra.py. The machine here has no GPU, so GPU counts are
 mocked where a machine with GPUs is needed (torch.cuda.is_available / device_count); so is SLURM,
@@ -20,11 +20,11 @@ import time
 import pytest
 import torch
 
-from mnist_ddp.cli.command_line import check_command_line
-from mnist_ddp.cli.preflight import check_output_dir
-from mnist_ddp.distributed.launch import check_rendezvous_address, run_dir_lock
+from mnist_ddp.config.checks import check_output_dir
+from mnist_ddp.config.command_line import check_command_line
+from mnist_ddp.core.errors import ConfigValueError, UsageError
 from mnist_ddp.distributed.layout import check_device_options
-from mnist_ddp.errors import ConfigValueError, UsageError
+from mnist_ddp.launch.supervisor import check_rendezvous_address, run_dir_lock
 
 CPU = ("trainer.accelerator=cpu", "trainer.devices=2", "data.global_batch_size=64")
 

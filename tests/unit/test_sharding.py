@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset, default_convert
 
+from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.data.sharding import ResumableDataLoader, ResumableDistributedSampler
-from mnist_ddp.errors import ConfigValueError
 
 N, GLOBAL_BATCH = 1008, 48
 

@@ -13,9 +13,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 
 from mnist_ddp.callbacks import progress_bar
 from mnist_ddp.callbacks.progress_bar import ThrottledRichProgressBar
+from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.distributed.checkpoint_io import LastCheckpoint
-from mnist_ddp.distributed.cuda_check import NVML_CHECK_ENV, check_cuda_through_runtime
-from mnist_ddp.errors import ConfigValueError
+from mnist_ddp.run.cuda_check import NVML_CHECK_ENV, check_cuda_through_runtime
 
 
 def test_the_training_bar_is_updated_only_when_it_redraws_and_at_the_epochs_last_batch(monkeypatch):

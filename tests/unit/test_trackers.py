@@ -14,10 +14,10 @@ from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from mnist_ddp.cli.command_line import check_command_line
-from mnist_ddp.cli.compose import composed_jobs
-from mnist_ddp.cli.schema import CONFIG_DIR, register_configs
-from mnist_ddp.errors import UsageError
+from mnist_ddp.config.command_line import check_command_line
+from mnist_ddp.config.compose import composed_jobs
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
+from mnist_ddp.core.errors import UsageError
 from mnist_ddp.loggers import trackers
 from mnist_ddp.loggers.csv_logger import CSVLogger
 from mnist_ddp.loggers.trackers import TRACKER_RUNS_FILE, build_loggers, check_tracker_packages, record_tracker_runs

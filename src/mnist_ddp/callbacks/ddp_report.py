@@ -13,7 +13,7 @@ import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 
-from mnist_ddp.cli.outputs import write_json
+from mnist_ddp.core.files import write_json
 
 log = logging.getLogger(__name__)
 

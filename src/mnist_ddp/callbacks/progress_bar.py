@@ -7,7 +7,7 @@ import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 from typing_extensions import override
 
-from mnist_ddp.errors import ConfigValueError
+from mnist_ddp.core.errors import ConfigValueError
 
 
 class ThrottledRichProgressBar(RichProgressBar):

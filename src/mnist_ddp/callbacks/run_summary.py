@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from mnist_ddp.callbacks.figures import image_grid
-from mnist_ddp.cli.trainer import data_parallel_layout
+from mnist_ddp.distributed.layout import data_parallel_layout
 from mnist_ddp.loggers.media import log_figure, log_settings, media_loggers
 
 

@@ -25,9 +25,9 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
-from mnist_ddp.cli.resume import resume_command
+from mnist_ddp.core.errors import ConfigValueError
+from mnist_ddp.core.run_dir import resume_command
 from mnist_ddp.distributed.checkpoint_io import LastCheckpoint
-from mnist_ddp.errors import ConfigValueError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def dump_stacks_on_stop_signals(file: TextIO) -> None:
     run the handler they had (faulthandler's C-level dump, chained): at the moment the signal
     arrives, even while the main thread is blocked in C++ where no Python handler can run. The
     stacks show where a process was stopped: for a hang, what the rank that never reached the
-    collective was doing (:mod:`mnist_ddp.distributed.worker` sets this up in every process it runs)."""
+    collective was doing (:mod:`mnist_ddp.launch.worker` sets this up in every process it runs)."""
     global _stacks_file
     _stacks_file = file
     _register_stack_dump()
@@ -196,7 +196,7 @@ class RequeueOnSlurmSignal(L.Callback):
     the run's ``last.ckpt`` (:class:`~mnist_ddp.distributed.checkpoint_io.LastCheckpoint`). Global rank 0 then
     runs ``scontrol requeue <job id>`` (Lightning's command, array jobs included); every rank stops as
     on a stop signal (exit status 128 + the signal), and the requeued job resumes from that
-    checkpoint (:func:`mnist_ddp.cli.trainer.checkpoint_to_resume`).
+    checkpoint (:func:`mnist_ddp.run.trainer.checkpoint_to_resume`).
 
     Active under SLURM when the cluster environment's ``auto_requeue`` is on (Lightning's default;
     its ``requeue_signal``, default SIGUSR1, is the signal). It then costs one broadcast of a bool

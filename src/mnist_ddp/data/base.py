@@ -25,11 +25,11 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate, default_convert
 from typing_extensions import override
 
+from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.data.augment import crop_and_flip
 from mnist_ddp.data.sharding import ResumableDataLoader, ResumableDistributedSampler
 from mnist_ddp.data.spec import DataSpec
 from mnist_ddp.distributed.layout import per_device_batch_size, per_device_eval_batch_size
-from mnist_ddp.errors import ConfigValueError
 
 
 class GatherDataset(TensorDataset):

@@ -69,8 +69,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from mnist_ddp.core.errors import UsageError
 from mnist_ddp.data.base import collate_for
-from mnist_ddp.errors import UsageError
 
 #: ``(epoch, global batch index within the epoch)``: a global batch, the same key on every world size.
 _BatchKey = tuple[int, int]
@@ -480,7 +480,7 @@ def _launch(config: dict, plan: _Plan, start_method: str, folder: Path) -> dict[
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from mnist_ddp.distributed.launch import describe_failure, root_failure
+    from mnist_ddp.distributed.failures import describe_failure, root_failure
 
     logs = folder / f"logs-{uuid.uuid4().hex[:8]}"
     launch = LaunchConfig(

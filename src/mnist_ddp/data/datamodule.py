@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from typing_extensions import override
 
+from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.data.base import ClassificationDataModule, GatherDataset
 from mnist_ddp.data.idx import (
     LABELS_KIND,
@@ -29,7 +30,6 @@ from mnist_ddp.data.idx import (
     read_idx_split,
 )
 from mnist_ddp.data.spec import DataSpec
-from mnist_ddp.errors import ConfigValueError
 
 #: Mean and standard deviation of the MNIST training pixels on a 0..1 scale (over all 60,000
 #: training images; the figures used by PyTorch's examples/mnist).

@@ -34,11 +34,11 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from typing_extensions import override
 
-from mnist_ddp.cli.outputs import write_json
+from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
+from mnist_ddp.core.files import write_json
 from mnist_ddp.data.base import ClassificationDataModule, GatherDataset
 from mnist_ddp.data.images import decode_image_file, is_image_file, resized
 from mnist_ddp.data.spec import DataSpec, per_channel
-from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 
 log = logging.getLogger(__name__)
 

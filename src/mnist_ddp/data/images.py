@@ -14,7 +14,7 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torchvision.transforms.v2.functional import resize
 
-from mnist_ddp.errors import DataFormatError, DataNotAvailableError, first_line
+from mnist_ddp.core.errors import DataFormatError, DataNotAvailableError, first_line
 
 #: The file name suffixes of the images read (any case); other files are left out.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")

@@ -20,10 +20,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from mnist_ddp.data.idx import IMAGES_KIND, check_idx_file, read_idx_file
 from mnist_ddp.data.images import IMAGE_SUFFIXES, converted, decode_image_file, is_image_file, resized
 from mnist_ddp.data.spec import DataSpec
-from mnist_ddp.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 
 
 def list_inputs(path: Path) -> list[str]:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from mnist_ddp.errors import ConfigValueError
+from mnist_ddp.core.errors import ConfigValueError
 
 
 class ResumableDistributedSampler(DistributedSampler):

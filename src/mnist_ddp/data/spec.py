@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mnist_ddp.errors import ConfigValueError
+from mnist_ddp.core.errors import ConfigValueError
 
 #: The key under which a checkpoint holds its data set's spec (:meth:`DataSpec.to_dict`).
 CHECKPOINT_KEY = "data_spec"
@@ -148,6 +148,15 @@ def read_data_spec(checkpoint: Path) -> DataSpec | None:
     MNIST-shaped: its run's config describes it). Loaded with ``weights_only=True``."""
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True).get(CHECKPOINT_KEY)
     return DataSpec.from_dict(saved) if saved is not None else None
+
+
+def checkpoint_data_spec(checkpoint: Path, data: Any) -> DataSpec:
+    """The data set ``checkpoint`` was trained for: the spec it keeps, or, for a checkpoint of an
+    earlier version, which kept none, the spec of ``data`` (the ``data`` config node of its run),
+    whose DataModule is built but whose files are not read for it."""
+    from hydra.utils import instantiate
+
+    return read_data_spec(checkpoint) or instantiate(data).spec
 
 
 def check_same_data(spec: DataSpec, saved: DataSpec | None, checkpoint: Path, data_target: str) -> None:

@@ -1,2 +1,2 @@
-"""The distributed machinery: the DDP strategy (``conf/strategy``), launching and supervising the
-job's processes, the data-parallel layout arithmetic, checkpoint IO, and host memory settings."""
+"""Data parallelism: the DDP strategy (``conf/strategy``), the layout arithmetic (world size,
+per-device batch size), checkpoint IO, and what a failed process group tells."""

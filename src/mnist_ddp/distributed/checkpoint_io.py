@@ -2,9 +2,7 @@
 fresh inside epochs, checkpoints checked before a run loads them, and the step a resume in place
 starts from."""
 
-import os
 import pickle
-import tempfile
 import zipfile
 from datetime import timedelta
 from functools import cached_property
@@ -18,7 +16,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from typing_extensions import override
 
-from mnist_ddp.errors import CheckpointError, ConfigValueError, first_line
+from mnist_ddp.core.errors import CheckpointError, ConfigValueError, first_line
+from mnist_ddp.core.files import atomic_path
 
 #: How many names of each kind of mismatch a message lists.
 LISTED_KEYS = 6
@@ -106,9 +105,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     truncated, with no good copy left. (And a large checkpoint may not fit in ``/tmp`` at all.)
 
     Here the checkpoint is written to a hidden temporary file in the checkpoint's own folder
-    (``.<name>.<random>.tmp``), flushed to disk (``fsync``), and renamed over the final path with
-    ``os.replace``, which is atomic within one filesystem: the path holds the previous complete
-    checkpoint until the new one is complete. A kill can leave the temporary file behind, never
+    (``.<name>.<pid>.<random>.tmp``), flushed to disk, and renamed over the final path
+    (:func:`mnist_ddp.core.files.atomic_path`): the path holds the previous complete checkpoint
+    until the new one is complete. A kill can leave the temporary file behind, never
     a corrupt checkpoint; the next complete save of the same checkpoint removes such leftovers.
     Local paths only (what this template writes); loading is Lightning's.
 
@@ -120,23 +119,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint takes no storage_options")
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(descriptor, "wb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        # The rename itself reaches the disk with the folder's entry.
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
+        with atomic_path(path, suffix=".tmp", durable=True) as temporary:
+            torch.save(checkpoint, temporary)
         # Global rank 0 alone saves: another file of this pattern is a save that was killed.
         for leftover in path.parent.glob(f".{path.name}.*.tmp"):
             leftover.unlink(missing_ok=True)

@@ -18,8 +18,8 @@ from lightning.fabric.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import OmegaConf
 
+from mnist_ddp.core.errors import BatchSizeError, ConfigValueError
 from mnist_ddp.distributed.options import LRScaling
-from mnist_ddp.errors import BatchSizeError, ConfigValueError
 
 #: Processes started on a machine without CUDA when ``trainer.devices=auto``, so that the default
 #: command runs real DDP (two gloo processes) on any machine.
@@ -139,6 +139,32 @@ def per_device_eval_batch_size(global_batch_size: int, world_size: int) -> int:
         if value < 1:
             raise BatchSizeError(f"{name} must be at least 1, got {value}.")
     return -(-global_batch_size // world_size)
+
+
+def data_parallel_layout(trainer: Any, global_batch_size: int, evaluation: bool = False) -> dict[str, int]:
+    """The data-parallel layout of ``trainer`` (a ``lightning.Trainer``): ``world_size``,
+    ``global_batch_size``, ``per_device_batch_size``, ``accumulate_grad_batches`` (samples per
+    optimizer step = per-device batch x world_size x accumulated micro-batches). With
+    ``evaluation``: ``world_size``, ``global_batch_size`` and the per-device evaluation batch
+    (:func:`per_device_eval_batch_size`).
+
+    Raises:
+        BatchSizeError: for a global batch that does not split evenly over the processes (training).
+    """
+    world_size = trainer.num_nodes * trainer.num_devices
+    if evaluation:
+        return {
+            "world_size": world_size,
+            "global_batch_size": global_batch_size,
+            "per_device_batch_size": per_device_eval_batch_size(global_batch_size, world_size),
+        }
+    accumulate = trainer.accumulate_grad_batches
+    return {
+        "world_size": world_size,
+        "global_batch_size": global_batch_size,
+        "per_device_batch_size": per_device_batch_size(global_batch_size, world_size, accumulate),
+        "accumulate_grad_batches": accumulate,
+    }
 
 
 def scale_learning_rate(lr: float, global_batch_size: int, reference_batch_size: int, rule: str) -> float:

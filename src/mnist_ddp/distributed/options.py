@@ -3,7 +3,7 @@
 
 Apart from the code that acts on them (:mod:`mnist_ddp.distributed.strategy`,
 :mod:`mnist_ddp.distributed.layout`, which import torch and Lightning) so that the config schema
-(:mod:`mnist_ddp.cli.schema`) types its fields with them, and refuses any other name, without
+(:mod:`mnist_ddp.config.schema`) types its fields with them, and refuses any other name, without
 those imports.
 """
 

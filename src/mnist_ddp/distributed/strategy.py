@@ -17,8 +17,8 @@ from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.distributed.options import CommHook
-from mnist_ddp.errors import ConfigValueError
 
 #: Backends on which every hook below has been run by this project's tests (gloo) or is
 #: documented by torch (nccl). Other backends are refused when a hook is configured.

@@ -24,8 +24,8 @@ from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger, W
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-from mnist_ddp.cli.outputs import write_json
-from mnist_ddp.errors import ConfigValueError
+from mnist_ddp.core.errors import ConfigValueError
+from mnist_ddp.core.files import write_json
 from mnist_ddp.loggers.csv_logger import CSVLogger
 
 log = logging.getLogger(__name__)

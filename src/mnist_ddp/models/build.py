@@ -7,8 +7,8 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.data.spec import DataSpec
-from mnist_ddp.errors import ConfigValueError
 
 
 def build_model(model: DictConfig, spec: DataSpec) -> L.LightningModule:

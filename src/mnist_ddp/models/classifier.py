@@ -15,8 +15,8 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.data.spec import CHECKPOINT_KEY, DataSpec
-from mnist_ddp.errors import ConfigValueError
 
 
 class MNISTClassifier(L.LightningModule):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from mnist_ddp.errors import ConfigValueError
+from mnist_ddp.core.errors import ConfigValueError
 
 
 class CNN(nn.Module):

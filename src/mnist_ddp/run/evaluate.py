@@ -1,7 +1,7 @@
 """Evaluation: what ``python -m mnist_ddp.eval`` does with each job.
 
 :func:`evaluate_checkpoint` tests the checkpoint on the official test set with ``trainer.devices``
-DDP processes (:func:`mnist_ddp.cli.job.run_job`; each process runs :func:`evaluate`) and writes
+DDP processes (:func:`mnist_ddp.launch.job.run_job`; each process runs :func:`evaluate`) and writes
 ``test/loss`` and ``test/acc`` to ``metrics.json`` in its own run directory (``logs/evals/``).
 Each test image is evaluated exactly once whatever the number of processes, so the metrics
 equal those of the training run's own test of the same checkpoint. The model and the data set
@@ -17,31 +17,15 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from mnist_ddp.callbacks.signals import stop_on_signals
-from mnist_ddp.cli.job import METRICS_FILE, run_job
-from mnist_ddp.cli.outputs import write_json
-from mnist_ddp.cli.saved_run import model_config, use_data_set_of_run
-from mnist_ddp.cli.trainer import build_trainer
+from mnist_ddp.core.files import write_json
+from mnist_ddp.core.run_dir import METRICS_FILE
 from mnist_ddp.data.spec import check_same_data, read_data_spec
-from mnist_ddp.distributed.host_memory import keep_freed_host_memory
 from mnist_ddp.models.build import build_model
+from mnist_ddp.run.host_memory import keep_freed_host_memory
+from mnist_ddp.run.trainer import build_trainer
 
 log = logging.getLogger(__name__)
 info = rank_zero_only(log.info)
-
-
-def evaluate_checkpoint(cfg: DictConfig) -> float | None:
-    """Test one checkpoint; returns its ``test/acc`` (None if a process failed in a sweep).
-
-    Raises:
-        CheckpointError: if ``ckpt_path`` is missing, unreadable, untrusted, or another model's
-            (see :func:`mnist_ddp.distributed.checkpoint_io.check_checkpoint`).
-        JobFailedError: a process failed (reported as one line).
-    """
-    info(f"Run directory: {cfg.paths.output_dir}")
-    # The data set the model was trained on, not this command's default (already checked against
-    # this command's overrides before the run directory existed: mnist_ddp.cli.preflight).
-    use_data_set_of_run(cfg, Path(cfg.ckpt_path).resolve())
-    return run_job(evaluate, cfg).get("test/acc")
 
 
 def evaluate(cfg: DictConfig) -> dict:
@@ -57,7 +41,7 @@ def evaluate(cfg: DictConfig) -> dict:
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     check_same_data(datamodule.spec, read_data_spec(checkpoint), checkpoint, cfg.data._target_)
-    model = build_model(model_config(cfg, checkpoint), datamodule.spec)
+    model = build_model(cfg.model, datamodule.spec)
     trainer, layout = build_trainer(cfg, evaluation=True)
 
     with stop_on_signals(trainer):

@@ -14,16 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.utils import instantiate
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from mnist_ddp.cli.command_line import run_data_option
-from mnist_ddp.cli.schema import upgrade_targets
-from mnist_ddp.data.spec import DataSpec, read_data_spec
-from mnist_ddp.errors import ConfigValueError
+from mnist_ddp.config.command_line import CHECKPOINT_USES, run_data_option
+from mnist_ddp.config.schema import ModelConfig, upgrade_targets
+from mnist_ddp.core.errors import ConfigValueError
 
 log = logging.getLogger(__name__)
 info = rank_zero_only(log.info)
@@ -44,42 +41,51 @@ def run_config_path(checkpoint: Path) -> Path:
 
 def saved_run_config(checkpoint: Path) -> DictConfig | None:
     """The config of the run that wrote ``checkpoint``, with the ``_target_``s of earlier versions
-    renamed to today's (:func:`~mnist_ddp.cli.schema.upgrade_targets`); None without one."""
+    renamed to today's (:func:`~mnist_ddp.config.schema.upgrade_targets`); None without one."""
     path = run_config_path(checkpoint)
     return upgrade_targets(OmegaConf.load(path)) if path.is_file() else None
 
 
-def model_config(cfg: DictConfig, checkpoint: Path) -> DictConfig:
-    """The ``model`` node of the run that wrote ``checkpoint``, else ``cfg.model`` (logged on global rank 0)."""
-    run = saved_run_config(checkpoint)
-    if run is not None:
-        info(f"Model config from the checkpoint's run: {run_config_path(checkpoint)}")
-        return run.model
-    info(f"No run config at {run_config_path(checkpoint)}: using model={cfg.model.net._target_} from this command")
-    return cfg.model
+def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: str, log_them: bool = False) -> None:
+    """Set ``cfg.model`` and ``cfg.data`` to the model and data set of the run that wrote the
+    checkpoint ``cfg.ckpt_path`` (:func:`data_set_of_run`, against the job's ``overrides``), in place.
 
+    The one place a run's saved settings are applied: the pre-launch check applies them to the job
+    it checks, the entry point to the job Hydra composed, before any worker starts; the workers
+    read ``cfg.model`` and ``cfg.data`` as they are. A run that left no config keeps this
+    command's model and data set.
 
-def data_spec_of_checkpoint(cfg: DictConfig, checkpoint: Path) -> DataSpec:
-    """The data set ``checkpoint`` was trained for: the spec it keeps, or, for a checkpoint of an
-    earlier version, which kept none, the spec of ``cfg.data`` (the run's data set:
-    :func:`use_data_set_of_run`), whose files are not read for it."""
-    return read_data_spec(checkpoint) or instantiate(cfg.data).spec
-
-
-def use_data_set_of_run(cfg: DictConfig, checkpoint: Path) -> None:
-    """Set ``cfg.data`` to the data set of the run that wrote ``checkpoint`` (:func:`data_set_of_run`,
-    against this Hydra job's overrides), and log on global rank 0 which keys were taken, or, when the
-    run left no config, that this command's data set is assumed.
+    Args:
+        cfg: the job's config (eval, predict or export).
+        overrides: the job's command-line overrides.
+        config_name: the command (a key of :data:`~mnist_ddp.config.command_line.CHECKPOINT_USES`), for the messages.
+        log_them: log which settings were taken (the entry point, once per job; not the check).
 
     Raises:
-        ConfigValueError: see :func:`data_set_of_run` (the command line checks it before launch).
+        ConfigValueError: for ``ckpt_path=last`` (a training run's resume in place, not a file),
+            and for an override that contradicts the run's data set.
     """
+    if cfg.ckpt_path == "last":
+        raise ConfigValueError(
+            f"ckpt_path=last: {CHECKPOINT_USES[config_name]} needs a checkpoint file, such as "
+            "ckpt_path=logs/runs/<run>/checkpoints/last.ckpt (or the best epoch_<N>.ckpt beside it)."
+        )
+    checkpoint = Path(cfg.ckpt_path).resolve()
     run = saved_run_config(checkpoint)
-    taken = data_set_of_run(cfg, run, checkpoint, HydraConfig.get().overrides.task)
+    taken = data_set_of_run(cfg, run, checkpoint, overrides)
     if run is not None:
-        info(f"Data set of the checkpoint's run: {', '.join(taken) or 'the same as this command'}")
+        # Typed as the schema types this command's model (a plain node is refused there).
+        cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), run.model)
+    if not log_them:
+        return
+    if run is not None:
+        info(f"Model and data set of the checkpoint's run ({run_config_path(checkpoint)}): "
+             f"{', '.join(taken) or 'the data set is the same as this command'}")  # fmt: skip
     else:
-        info(f"No run config at {run_config_path(checkpoint)}: using this command's data set ({cfg.data._target_})")
+        info(
+            f"No run config at {run_config_path(checkpoint)}: using this command's model "
+            f"({cfg.model.net._target_}) and data set ({cfg.data._target_})"
+        )
 
 
 def data_set_of_run(cfg: DictConfig, run: DictConfig | None, checkpoint: Path, overrides: Sequence[str]) -> list[str]:

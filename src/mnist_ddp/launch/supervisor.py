@@ -2,7 +2,7 @@
 
 ``python -m mnist_ddp.train`` on its own (no torchrun, no SLURM) is the job's supervisor: it checks
 the command line, prepares the data, writes the job's resolved config into the run directory, and
-starts ``trainer.devices`` worker processes (:mod:`mnist_ddp.distributed.worker`) through torch's elastic agent
+starts ``trainer.devices`` worker processes (:mod:`mnist_ddp.launch.worker`) through torch's elastic agent
 (``torch.distributed.launcher.api``, the agent behind torchrun). The workers run the job; this
 process trains nothing, so it always stays responsive:
 
@@ -18,14 +18,13 @@ Why not Lightning's own launcher: it runs global rank 0 in the command's own pro
 the other ranks from it; when a child fails, its observer thread SIGKILLs every process it knows,
 its own included. That ends a ``-m`` sweep with its first failing job, and rank 0, blocked in a
 collective, cannot react to anything. Under torchrun or SLURM the launcher is theirs, and every
-process runs the job itself (:func:`launched_externally`).
+process runs the job itself (:func:`mnist_ddp.core.environment.launched_externally`).
 """
 
 import errno
 import fcntl
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -37,11 +36,12 @@ from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 
-from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from mnist_ddp.distributed.worker import SUPERVISOR_ENV
-from mnist_ddp.errors import ConfigValueError, JobFailedError
+from mnist_ddp.core.errors import ConfigValueError, JobFailedError
+from mnist_ddp.core.files import write_atomically
+from mnist_ddp.distributed.failures import TIMEOUT_PATTERN, describe_failure, root_failure
+from mnist_ddp.launch.worker import SUPERVISOR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +49,6 @@ log = logging.getLogger(__name__)
 JOB_FILE = Path(".hydra") / "job.yaml"
 #: Where in the run directory each worker writes its stacks when it is stopped (``rank<r>.txt``).
 STACKS_DIR = ".stacks"
-#: How a collective or the process group's store reports its timeout (gloo: ``Timed out waiting
-#: 1800000ms for recv operation``; the TCP store: ``wait timeout after 1800000ms``).
-TIMEOUT_PATTERN = re.compile(r"timed out|timeout after|watchdog caught collective operation timeout", re.IGNORECASE)
-#: How a process's collective fails when another process of the job died: a consequence, not the cause.
-PEER_LOST_PATTERN = re.compile(
-    r"connection closed by peer|connection reset by peer|broken pipe|remote worker crashing|communicator was aborted",
-    re.IGNORECASE,
-)
 
 
 class JobInterrupted(Exception):
@@ -69,11 +61,6 @@ class JobInterrupted(Exception):
     def __init__(self, signum: int) -> None:
         self.signum = signal.Signals(signum)
         super().__init__(f"stopped by {self.signum.name}")
-
-
-def launched_externally() -> bool:
-    """Whether torchrun or SLURM started this process: then it is a worker, and runs the job itself."""
-    return TorchElasticEnvironment.detect() or SLURMEnvironment.detect()
 
 
 def check_rendezvous_address(environ: os._Environ | dict = os.environ) -> None:
@@ -164,7 +151,6 @@ def write_job_file(run_dir: Path, task: str, cfg: DictConfig, logging_config: Di
         The file's path.
     """
     path = run_dir / JOB_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
     job = OmegaConf.create(
         {
             "task": task,
@@ -172,9 +158,7 @@ def write_job_file(run_dir: Path, task: str, cfg: DictConfig, logging_config: Di
             "logging": OmegaConf.to_container(logging_config, resolve=True),
         }
     )
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(OmegaConf.to_yaml(job))
-    os.replace(partial, path)
+    write_atomically(path, OmegaConf.to_yaml(job))
     return path
 
 
@@ -202,7 +186,7 @@ def resolve_hydra_interpolations(cfg: DictConfig) -> dict:
 
 
 def launch(job_file: Path, nproc_per_node: int, rendezvous_timeout: float, shutdown_timeout: float) -> None:
-    """Run ``python -m mnist_ddp.distributed.worker <job_file>`` in ``nproc_per_node`` processes on this machine,
+    """Run ``python -m mnist_ddp.launch.worker <job_file>`` in ``nproc_per_node`` processes on this machine,
     under torch's elastic agent, and wait for all of them.
 
     Args:
@@ -235,13 +219,13 @@ def launch(job_file: Path, nproc_per_node: int, rendezvous_timeout: float, shutd
             max_restarts=0,
             monitor_interval=0.1,
             shutdown_timeout=int(shutdown_timeout),
-            # error.json of each worker (torch's ErrorHandler, written by mnist_ddp.distributed.worker); no redirects.
+            # error.json of each worker (torch's ErrorHandler, written by mnist_ddp.launch.worker); no redirects.
             logs_specs=DefaultLogsSpecs(log_dir=error_dir),
         )
         # The agent copies this process's environment into each worker's.
         os.environ[SUPERVISOR_ENV] = str(os.getpid())
         try:
-            elastic_launch(config, sys.executable)("-m", "mnist_ddp.distributed.worker", str(job_file))
+            elastic_launch(config, sys.executable)("-m", "mnist_ddp.launch.worker", str(job_file))
         except ChildFailedError as failed:
             rank, failure = root_failure(failed.failures)
             raise JobFailedError(rank, failure.exitcode, describe_failure(failure)) from None
@@ -249,59 +233,12 @@ def launch(job_file: Path, nproc_per_node: int, rendezvous_timeout: float, shutd
             raise JobInterrupted(stopped.sigval) from None
 
 
-def root_failure(failures: dict) -> tuple[int, object]:
-    """The failure that caused the others, from torch's ``{global rank: ProcessFailure}``.
-
-    When one process fails, the others fail a moment later as a consequence: their collectives
-    lose the connection to it, or the agent's SIGTERM reaches them while they are already ending,
-    often within the same second (torch's failure timestamps have 1 s resolution, so its own
-    ``get_first_failure`` may name a consequence). So the kinds rank first: an exception of the
-    process's own, then death by another signal (SIGKILL: the OOM killer; SIGSEGV), then a stop
-    by SIGINT / SIGTERM that the process handled (exit status 128 + the signal), then a death by
-    one it did not (the agent's own SIGTERM to the processes left, which a process that was
-    already ending no longer handles), then a lost connection; within a kind, the earliest, then
-    the lowest rank. (The agent's SIGTERM and the stop it follows can bear the same second, or the
-    consequence the earlier one: its exception's record is written before the agent notices.)
-    """
-
-    def kind(failure: object) -> int:
-        description = describe_failure(failure)
-        if PEER_LOST_PATTERN.search(description):
-            return 4
-        if re.match(r"killed by SIG(INT|TERM|HUP)\b", description):
-            return 3
-        if re.match(r"stopped by SIG(INT|TERM|HUP)\b", description):
-            return 2
-        return 1 if description.startswith("killed by") else 0
-
-    rank = min(failures, key=lambda rank: (kind(failures[rank]), failures[rank].timestamp, rank))
-    return rank, failures[rank]
-
-
-def describe_failure(failure) -> str:
-    """One line for a worker's ``ProcessFailure``: the exception's type and message (its first
-    line) as the worker recorded it, or the signal that ended it (``killed by SIGKILL (exit status -9)``,
-    ``stopped by SIGTERM (exit status 143)``)."""
-    if failure.exitcode < 0:
-        return f"killed by {failure.signal_name()} (exit status {failure.exitcode})"
-    if failure.exitcode - 128 in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a stop: mnist_ddp.callbacks.signals
-        return f"stopped by {signal.Signals(failure.exitcode - 128).name} (exit status {failure.exitcode})"
-    message = failure.message
-    if isinstance(message, dict):  # torch's ErrorHandler format: {"message": "...", "extraInfo": {...}}
-        message = message.get("message", "")
-    # "<type>: <message>" as recorded by the worker; its first line (omegaconf adds key details below).
-    lines = [line for line in str(message).strip().splitlines() if line.strip()]
-    if not lines or "pytorch.org/docs/stable/elastic/errors" in lines[0]:
-        return f"exited with status {failure.exitcode}"
-    return lines[0].strip()
-
-
 def collect_stacks(run_dir: Path, failure: JobFailedError) -> list[Path]:
     """After a failed job: when its first failure is a timeout (a collective, the store), keep each
     stopped worker's stacks as ``hang-rank<r>.txt`` in the run directory and return those files;
     otherwise (the stacks show only where a healthy worker was stopped) remove them.
 
-    The worker that timed out writes its own ``hang-rank<r>.txt`` (see :mod:`mnist_ddp.distributed.worker`);
+    The worker that timed out writes its own ``hang-rank<r>.txt`` (see :mod:`mnist_ddp.launch.worker`);
     the others, the rank that never reached the collective among them, wrote theirs when the
     agent stopped them.
     """

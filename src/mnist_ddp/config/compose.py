@@ -2,7 +2,7 @@
 
 This module imports Hydra and OmegaConf only, not torch or Lightning (seconds each to import), so
 that an unknown key, a value of the wrong type, an unknown group option or a required value left
-unset is refused in about a second (:mod:`mnist_ddp.cli.command_line` runs it first).
+unset is refused in about a second (:mod:`mnist_ddp.config.command_line` runs it first).
 """
 
 import ast
@@ -21,8 +21,8 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from mnist_ddp.cli.schema import CONFIG_DIR, DATA_SCHEMA_TARGETS, TrainerConfig, register_configs
-from mnist_ddp.errors import ConfigValueError, UsageError, first_line
+from mnist_ddp.config.schema import CONFIG_DIR, DATA_SCHEMA_TARGETS, TrainerConfig, register_configs
+from mnist_ddp.core.errors import ConfigValueError, UsageError, first_line
 
 
 @dataclasses.dataclass
@@ -159,7 +159,7 @@ def _schema_fields(schema: type) -> set[str]:
 
 def with_trainer_arguments(args: Sequence[str]) -> list[str]:
     """``args`` with ``trainer.<name>=...`` written ``+trainer.<name>=...`` where ``name`` is an
-    argument of Lightning's Trainer that the schema (:class:`~mnist_ddp.cli.schema.TrainerConfig`)
+    argument of Lightning's Trainer that the schema (:class:`~mnist_ddp.config.schema.TrainerConfig`)
     leaves out: Hydra adds a key only with ``+``, and a Trainer argument is no unknown key."""
     schema = _schema_fields(TrainerConfig)
     rewritten = []
@@ -221,7 +221,7 @@ def constructor_arguments(target: str) -> tuple[str, ...] | None:
 
 
 def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
-    """The dotted keys under ``node`` that its schema (a dataclass of :mod:`mnist_ddp.cli.schema`)
+    """The dotted keys under ``node`` that its schema (a dataclass of :mod:`mnist_ddp.config.schema`)
     does not have: added with ``+``, by a typo or for an option that does not exist. The nodes the
     schema leaves open on purpose (typed ``Any`` or ``dict``: ``callbacks``, ``model.net``,
     ``model.optimizer`` and ``model.scheduler``, whose keyword arguments their classes check when

@@ -49,7 +49,7 @@ class ExportError(UsageError):
 
 
 class JobFailedError(Exception):
-    """A process of a job failed (see :func:`mnist_ddp.distributed.launch.launch`); every process has ended.
+    """A process of a job failed (see :func:`mnist_ddp.launch.supervisor.launch`); every process has ended.
 
     Attributes:
         rank: the global rank that failed first.

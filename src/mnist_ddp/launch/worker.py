@@ -1,10 +1,10 @@
-"""One DDP process of a job that the supervisor started (:mod:`mnist_ddp.distributed.launch`).
+"""One DDP process of a job that the supervisor started (:mod:`mnist_ddp.launch.supervisor`).
 
-``python -m mnist_ddp.distributed.worker <run dir>/.hydra/job.yaml``: torch's elastic agent starts one per
+``python -m mnist_ddp.launch.worker <run dir>/.hydra/job.yaml``: torch's elastic agent starts one per
 device, with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, so
 Lightning sees a ``TorchElasticEnvironment`` and starts no process itself. The worker reads the
 job's config and logging config from the job file and runs the job's task
-(``mnist_ddp.tasks.train:fit_and_test``, ``mnist_ddp.tasks.evaluate:evaluate``).
+(``mnist_ddp.run.train:fit_and_test``, ``mnist_ddp.run.evaluate:evaluate``).
 
 Every way a worker can end is bounded:
 
@@ -13,7 +13,7 @@ Every way a worker can end is bounded:
 - SIGINT / SIGTERM (from the supervisor, when the user stops the run or another worker failed)
   stop it through Lightning's Ctrl-C path (:mod:`mnist_ddp.callbacks.signals`); the signal first writes
   every thread's Python stack to ``.stacks/rank<r>.txt`` in the run directory (kept when a
-  collective timed out: see :func:`mnist_ddp.distributed.launch.collect_stacks`), and a watchdog thread ends
+  collective timed out: see :func:`mnist_ddp.launch.supervisor.collect_stacks`), and a watchdog thread ends
   the process after ``launcher.shutdown_timeout`` seconds if it is still blocked (in a collective,
   a rendezvous: C++ code where Python's signal handlers cannot run);
 - the supervisor's death (even SIGKILL) sends the worker SIGTERM (Linux ``PR_SET_PDEATHSIG``).
@@ -110,11 +110,12 @@ def record_atomically(handler: Any, error: BaseException) -> None:
     if final is None:
         handler.record_exception(error)
         return
-    partial = f"{final}.partial"
-    os.environ["TORCHELASTIC_ERROR_FILE"] = partial
+    from mnist_ddp.core.files import atomic_path
+
     try:
-        handler.record_exception(error)
-        os.replace(partial, final)
+        with atomic_path(Path(final)) as partial:
+            os.environ["TORCHELASTIC_ERROR_FILE"] = str(partial)
+            handler.record_exception(error)
     finally:
         os.environ["TORCHELASTIC_ERROR_FILE"] = final
 
@@ -151,8 +152,9 @@ def main() -> None:
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
     from mnist_ddp.callbacks.signals import dump_stacks_on_stop_signals
-    from mnist_ddp.distributed.launch import PEER_LOST_PATTERN, STACKS_DIR, TIMEOUT_PATTERN
-    from mnist_ddp.errors import UsageError
+    from mnist_ddp.core.errors import UsageError
+    from mnist_ddp.distributed.failures import PEER_LOST_PATTERN, TIMEOUT_PATTERN
+    from mnist_ddp.launch.supervisor import STACKS_DIR
 
     job = OmegaConf.load(sys.argv[1])
     # The job's config as a root of its own: its interpolations (${seed}) resolve against it.

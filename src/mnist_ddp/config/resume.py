@@ -9,15 +9,13 @@ a resume continues the same optimization, it does not start another. The rest (`
 logging, callbacks, the launcher) apply.
 """
 
-import shlex
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from mnist_ddp.errors import ConfigValueError
+from mnist_ddp.core.errors import ConfigValueError
 
 #: Keys (and the groups under them) that a resume in place must not change.
 ARITHMETIC_KEYS = (
@@ -25,13 +23,6 @@ ARITHMETIC_KEYS = (
     "trainer.max_epochs", "trainer.max_steps", "trainer.limit_train_batches", "trainer.accumulate_grad_batches",
     "lr_scaling",
 )  # fmt: skip
-
-
-def resume_command(run_dir: Path | str) -> str:
-    """The command that resumes the run in ``run_dir`` in place, ready to paste into a shell: with
-    this process's Python interpreter (the project's ``.venv/bin/python`` when the run was started
-    from it; a bare ``python`` would be whichever is first on ``PATH``, often one without the project)."""
-    return f"{shlex.quote(sys.executable)} -m mnist_ddp.train hydra.run.dir={shlex.quote(str(run_dir))} ckpt_path=last"
 
 
 def override_key(override: str) -> str:

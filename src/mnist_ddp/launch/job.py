@@ -2,12 +2,12 @@
 
 Hydra calls an entry point's task function once per job (once, or once per job of a ``-m``
 sweep). :func:`run_job` then either supervises the job's worker processes
-(:mod:`mnist_ddp.distributed.launch`), or, when torchrun or SLURM started this process as one of the job's
+(:mod:`mnist_ddp.launch.supervisor`), or, when torchrun or SLURM started this process as one of the job's
 processes, runs the task in it. Either way, global rank 0 ends with ``metrics.json`` in the
 run directory: the task's metrics, the job's overrides and its status.
 
 Under torchrun or SLURM every process is started by the launcher with the same command line;
-what they need is a run directory whose name every process computes alike (:func:`mnist_ddp.cli.outputs.run_stamp`)
+what they need is a run directory whose name every process computes alike (:func:`mnist_ddp.core.environment.run_stamp`)
 and a resume after the launcher restarts the job (:func:`launcher_restarts`).
 """
 
@@ -20,37 +20,34 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
-from mnist_ddp.cli.outputs import write_json
-from mnist_ddp.cli.resume import resume_command
-from mnist_ddp.distributed.launch import (
+from mnist_ddp.core.environment import launched_externally
+from mnist_ddp.core.errors import JobFailedError
+from mnist_ddp.core.files import write_json
+from mnist_ddp.core.run_dir import METRICS_FILE, resume_command
+from mnist_ddp.distributed.layout import processes_per_node
+from mnist_ddp.launch.supervisor import (
     JobInterrupted,
     collect_stacks,
     launch,
-    launched_externally,
     remove_stacks,
     run_dir_lock,
     write_job_file,
 )
-from mnist_ddp.distributed.layout import processes_per_node
-from mnist_ddp.errors import JobFailedError
 
 log = logging.getLogger(__name__)
 
-#: The metrics file of a job, in its run directory.
-METRICS_FILE = "metrics.json"
 
-
-def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
+def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig, in_process: bool = False) -> dict:
     """Run ``task(cfg)`` in every process of this job and return global rank 0's metrics.
 
     Args:
         task: the job's work in one process, a module-level function (the workers import it by
             name); global rank 0 writes its metrics to ``metrics.json`` and returns them.
         cfg: the job's composed config.
+        in_process: run ``task`` in this process only, with no process group (an export).
 
     Returns:
         The metrics, plus ``status`` (``completed`` or ``failed``) and ``overrides`` (this job's
@@ -63,11 +60,14 @@ def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
     """
     run_dir = Path(cfg.paths.output_dir)
     overrides = list(HydraConfig.get().overrides.task)
-    # Before the process group forms: the workers inherit them; under torchrun this process is one.
-    os.environ.update(cfg.launcher.env)
-    if launched_externally():
+    if in_process:
+        metrics = task(cfg)
+    elif launched_externally():
+        # Before the process group forms; under torchrun this process is one of the job's.
+        os.environ.update(cfg.launcher.env)
         metrics = task(cfg)
     else:
+        os.environ.update(cfg.launcher.env)  # the workers inherit them
         with run_dir_lock(run_dir):
             metrics = supervise(task, cfg)
         if metrics.get("status") == "failed":  # a failed job of a sweep: recorded as it is
@@ -82,9 +82,7 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
     """:func:`run_job` on this machine: write the job file, run the workers, and read
     rank 0's metrics; a failure or a stop is recorded in ``metrics.json`` (see :func:`run_job`)."""
     run_dir, overrides = Path(cfg.paths.output_dir), list(HydraConfig.get().overrides.task)
-    # Run with python -m, the entry point's module is __main__; the workers import it by its name.
-    module = task.__module__ if task.__module__ != "__main__" else sys.modules["__main__"].__spec__.name
-    job_file = write_job_file(run_dir, f"{module}:{task.__name__}", cfg, HydraConfig.get().job_logging)
+    job_file = write_job_file(run_dir, f"{task.__module__}:{task.__name__}", cfg, HydraConfig.get().job_logging)
     try:
         launch(
             job_file,
@@ -117,37 +115,3 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
         return record
     remove_stacks(run_dir)
     return json.loads((run_dir / METRICS_FILE).read_text())
-
-
-def launcher_rank() -> int:
-    """This process's global rank when torchrun or SLURM started it (``RANK`` / ``SLURM_PROCID``), else 0."""
-    for environment in (TorchElasticEnvironment, SLURMEnvironment):
-        if environment.detect():
-            return environment().global_rank()
-    return 0
-
-
-def launcher_restarts() -> int:
-    """How many times the launcher has restarted this job: torchrun's ``TORCHELASTIC_RESTART_COUNT``
-    (``--max-restarts``), SLURM's ``SLURM_RESTART_COUNT`` (requeues); 0 otherwise."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or 0)
-
-
-class RankFilter(logging.Filter):
-    """Adds ``record.rank``: this process's global rank (0 before the process group exists)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.rank = rank_zero_only.rank
-        return True
-
-
-class RankZeroWarningsFilter(logging.Filter):
-    """Drops Python warnings (logger ``py.warnings``) on global ranks other than 0.
-
-    Every DDP process imports the same libraries and runs the same code, so each one would print
-    the same deprecation or usage warning: on the console, rank 0's copy is enough. The log file
-    keeps every rank's (its handler does not have this filter).
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.name != "py.warnings" or rank_zero_only.rank == 0

@@ -2,7 +2,7 @@
 
 :func:`predict_inputs` applies the checkpoint to the inputs (a folder of PNG or JPEG images, one
 image, or an IDX images file: :mod:`mnist_ddp.data.inputs`) with ``trainer.devices`` DDP processes
-(:func:`mnist_ddp.cli.job.run_job`; each process runs :func:`predict`), and global rank 0 writes
+(:func:`mnist_ddp.launch.job.run_job`; each process runs :func:`predict`), and global rank 0 writes
 ``predictions.csv`` into the run directory (``logs/predictions/<stamp>/``): one row per input, in
 input order (:data:`COLUMNS`).
 
@@ -13,7 +13,7 @@ whatever the number of processes. At the end of the prediction epoch the replica
 one all-gather (:class:`PredictionCSV`), and global rank 0 puts them back in input order and
 writes the CSV atomically: a kill leaves the whole file or none.
 
-The model is the checkpoint's run's, as for evaluation (:mod:`mnist_ddp.cli.saved_run`); the image
+The model is the checkpoint's run's, as for evaluation (:mod:`mnist_ddp.config.saved_run`); the image
 shape, normalization and class names are the ones the checkpoint keeps (its
 :class:`~mnist_ddp.data.spec.DataSpec`). The data set's own files are not read.
 """
@@ -32,14 +32,14 @@ from torch import Tensor
 from torch.utils.data import default_convert
 
 from mnist_ddp.callbacks.signals import stop_on_signals
-from mnist_ddp.cli.job import METRICS_FILE, run_job
-from mnist_ddp.cli.outputs import write_csv, write_json
-from mnist_ddp.cli.saved_run import data_spec_of_checkpoint, model_config, use_data_set_of_run
-from mnist_ddp.cli.trainer import build_trainer
+from mnist_ddp.core.files import write_csv, write_json
+from mnist_ddp.core.run_dir import METRICS_FILE
 from mnist_ddp.data.base import unrepeated_loader
 from mnist_ddp.data.inputs import InputImages
-from mnist_ddp.distributed.host_memory import keep_freed_host_memory
+from mnist_ddp.data.spec import checkpoint_data_spec
 from mnist_ddp.models.build import build_model
+from mnist_ddp.run.host_memory import keep_freed_host_memory
+from mnist_ddp.run.trainer import build_trainer
 
 log = logging.getLogger(__name__)
 info = rank_zero_only(log.info)
@@ -50,20 +50,6 @@ PREDICTIONS_FILE = "predictions.csv"
 #: the predicted class's index and name (``data.class_names``), and that class's probability
 #: (softmax of the logits, 0..1, printed with 6 decimals).
 COLUMNS = ("input", "class_index", "class_name", "probability")
-
-
-def predict_inputs(cfg: DictConfig) -> str | None:
-    """Predict one job's inputs; returns the path of its ``predictions.csv`` (None if a process
-    failed in a sweep).
-
-    Raises:
-        JobFailedError: a process failed (reported as one line).
-    """
-    info(f"Run directory: {cfg.paths.output_dir}")
-    # The model and data set of the checkpoint's run, not this command's defaults (checked against
-    # this command's overrides before the run directory existed: mnist_ddp.cli.preflight).
-    use_data_set_of_run(cfg, Path(cfg.ckpt_path).resolve())
-    return run_job(predict, cfg).get("predictions")
 
 
 def predict(cfg: DictConfig) -> dict:
@@ -78,8 +64,8 @@ def predict(cfg: DictConfig) -> dict:
     keep_freed_host_memory()  # in every process: see host_memory.py
     L.seed_everything(cfg.seed, workers=True)
 
-    spec = data_spec_of_checkpoint(cfg, checkpoint)
-    model = build_model(model_config(cfg, checkpoint), spec)
+    spec = checkpoint_data_spec(checkpoint, cfg.data)
+    model = build_model(cfg.model, spec)
     inputs = InputImages(Path(cfg.input), spec, cfg.resize)
     predictions = Path(cfg.paths.output_dir) / PREDICTIONS_FILE
     writer = PredictionCSV(predictions, inputs.names, list(spec.class_names))
@@ -190,7 +176,7 @@ def in_input_order(indices: Tensor, classes: Tensor, probabilities: Tensor, coun
 def write_predictions(
     path: Path, names: Sequence[str], classes: Tensor, probabilities: Tensor, class_names: Sequence[str]
 ) -> None:
-    """Write ``predictions.csv`` atomically (:func:`mnist_ddp.cli.outputs.write_csv`): :data:`COLUMNS`,
+    """Write ``predictions.csv`` atomically (:func:`mnist_ddp.core.files.write_csv`): :data:`COLUMNS`,
     one row per input in the order of ``names``, with its class (``(N,)`` int64 ``classes``, named by
     ``class_names``) and that class's probability (``(N,)`` float32 ``probabilities``)."""
     rows = (

@@ -1,23 +1,84 @@
 """The command line of ``python -m mnist_ddp.<train|eval|predict|export>``: checked, then run.
 
 The check comes in two steps, both before Hydra creates a run directory and before any process
-starts. First the keys and types (:mod:`mnist_ddp.cli.compose`), with Hydra and OmegaConf alone:
+starts. First the keys and types (:mod:`mnist_ddp.config.compose`), with Hydra and OmegaConf alone:
 torch and Lightning take seconds to import, and a typo is refused in about a second. Then the
-values that need objects built (:mod:`mnist_ddp.cli.preflight`), once those imports are done.
+values that need objects built (:mod:`mnist_ddp.config.checks`), once those imports are done.
 """
 
+import importlib
 import logging
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from omegaconf import OmegaConf
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 
-from mnist_ddp.cli.compose import composed_jobs, with_trainer_arguments
-from mnist_ddp.cli.resume import in_place_run_dir, override_key, resume_arguments
-from mnist_ddp.cli.sweep_summary import failed_jobs
-from mnist_ddp.errors import UsageError
+from mnist_ddp.config.compose import composed_jobs, with_trainer_arguments
+from mnist_ddp.config.resume import in_place_run_dir, override_key, resume_arguments
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
+from mnist_ddp.core.environment import launcher_rank
+from mnist_ddp.core.errors import UsageError, exit_on_usage_error
+from mnist_ddp.launch.sweep_summary import failed_jobs
+
+log = logging.getLogger(__name__)
+
+
+def entry_point(
+    config_name: str, task: str, result: str, in_process: bool = False
+) -> tuple[Callable[[], object], Callable[[], None]]:
+    """The two functions of one command, ``python -m mnist_ddp.<train|eval|predict|export>``: its
+    ``main`` (Hydra's entry point, which runs each job) and ``cli`` (what the module and its console
+    script run: :func:`run_entry_point`).
+
+    Args:
+        config_name: the command's top-level config in ``conf/`` (``config``, ``eval``, ...).
+        task: ``module:function`` of what one process of a job does (``mnist_ddp.run.train:fit_and_test``);
+            imported by ``main`` only, so that a bad command line is refused before torch and
+            Lightning are imported (seconds).
+        result: the metric ``main`` returns (what a sweeper maximizes: ``val/acc``).
+        in_process: run the task in the command's own process, with no process group (export).
+    """
+    register_configs()
+
+    @hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base="1.3")
+    @exit_on_usage_error
+    def main(cfg: DictConfig) -> object:
+        return run_command(cfg, config_name, task, in_process).get(result)
+
+    def cli() -> None:
+        run_entry_point(main, config_name)
+
+    return main, cli
+
+
+def run_command(cfg: DictConfig, config_name: str, task: str, in_process: bool) -> dict:
+    """Run one Hydra job of a command: for eval, predict and export first take the model and data
+    set of the checkpoint's run (:func:`mnist_ddp.config.saved_run.apply_run_settings`), then run
+    ``task`` in the job's processes (:func:`mnist_ddp.launch.job.run_job`).
+
+    Returns:
+        The job's metrics (``status: failed`` and no metrics for a failed job of a sweep).
+
+    Raises:
+        UsageError: for a value, data file or checkpoint the user must fix (reported as one line).
+        JobFailedError: a process of a single run failed (reported as one line).
+    """
+    # torch and Lightning (seconds to import) only now: the command line was checked before.
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from mnist_ddp.config.saved_run import apply_run_settings
+    from mnist_ddp.launch.job import run_job
+
+    if rank_zero_only.rank == 0:  # every process runs this under torchrun or SLURM
+        log.info(f"Run directory: {cfg.paths.output_dir}")
+    if config_name in CHECKPOINT_USES:
+        apply_run_settings(cfg, HydraConfig.get().overrides.task, config_name, log_them=rank_zero_only.rank == 0)
+    module, _, function = task.partition(":")
+    return run_job(getattr(importlib.import_module(module), function), cfg, in_process=in_process)
 
 
 def run_entry_point(main: Callable[[], object], config_name: str) -> None:
@@ -25,7 +86,7 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
 
     The command line is checked first (:func:`check_command_line`): a bad one exits with status 1
     and one line on stderr. ``hydra.run.dir=<a run> ckpt_path=last`` is completed with that run's
-    overrides (:mod:`mnist_ddp.cli.resume`). Then ``main`` (Hydra's entry point) runs the job(s);
+    overrides (:mod:`mnist_ddp.config.resume`). Then ``main`` (Hydra's entry point) runs the job(s);
     a job whose process failed exits with status 1 and its error, a sweep with a failed job with
     status 1 after its summary.
     """
@@ -36,7 +97,7 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
             # The run's .hydra/ (its config and overrides) stays as the run wrote it.
             sys.argv = [sys.argv[0], *resume_arguments(run_dir, sys.argv[1:]), "hydra.output_subdir=null"]
         sys.argv = [sys.argv[0], *with_trainer_arguments(sys.argv[1:])]
-        if config_name in CHECKPOINT_COMMANDS:
+        if config_name in CHECKPOINT_USES:
             sys.argv = [sys.argv[0], *with_data_set_of_run(sys.argv[1:])]
         check_command_line(config_name, sys.argv[1:])
     except UsageError as error:
@@ -44,7 +105,6 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
         sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C while the command is being checked: nothing has started
         sys.exit(128 + signal.SIGINT)
-    from mnist_ddp.cli.job import launcher_rank  # imported by the check already
 
     if launcher_rank() > 0:
         # torchrun / srun start every process with the same command: global rank 0 writes the
@@ -55,8 +115,9 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
         sys.exit(1)
 
 
-#: The entry points that apply a training run's checkpoint (its model, its data set) instead of training.
-CHECKPOINT_COMMANDS = ("eval", "predict", "export")
+#: The entry points that apply a training run's checkpoint (its model, its data set) instead of
+#: training, and what each does with it (for the messages).
+CHECKPOINT_USES = {"eval": "evaluation", "predict": "prediction", "export": "export"}
 
 
 def run_data_option(checkpoint: Path) -> str | None:
@@ -75,7 +136,7 @@ def with_data_set_of_run(args: Sequence[str]) -> list[str]:
     they choose no ``data`` option: its option and its ``data.*`` overrides (``.hydra/``), those that
     ``args`` set again left out. The command's ``data`` node then composes as the run's did (its
     required keys set; ``data.root=`` of a folder data set that moved is a known key, and wins).
-    The values of the data set are the run's in any case (:func:`mnist_ddp.cli.saved_run.data_set_of_run`)."""
+    The values of the data set are the run's in any case (:func:`mnist_ddp.config.saved_run.data_set_of_run`)."""
     values = dict(arg.split("=", 1) for arg in args if "=" in arg and not arg.startswith("-"))
     if "data" in values or not values.get("ckpt_path"):
         return list(args)
@@ -97,13 +158,13 @@ def with_data_set_of_run(args: Sequence[str]) -> list[str]:
 def check_command_line(config_name: str, args: Sequence[str]) -> None:
     """Check every job that ``args`` (Hydra's command-line arguments) would run: its keys and
     types here (:func:`composed_jobs`), then its values
-    (:func:`mnist_ddp.cli.preflight.check_jobs`).
+    (:func:`mnist_ddp.config.checks.check_jobs`).
 
     Raises:
         UsageError: the first problem found, as one line.
     """
     jobs = composed_jobs(config_name, args)
     # torch and Lightning, which take seconds to import, only now: the keys are known to be right.
-    from mnist_ddp.cli.preflight import check_jobs
+    from mnist_ddp.config.checks import check_jobs
 
     check_jobs(config_name, jobs)

@@ -18,7 +18,7 @@ trained on (its :class:`~mnist_ddp.data.spec.DataSpec`):
 
 The data set's per-channel normalization, ``(pixel / 255 - mean[c]) / std[c]``, is computed inside
 the exported graph, so a consumer feeds raw pixels and needs nothing else from the run. The model
-is the checkpoint's run's, as for evaluation (:mod:`mnist_ddp.cli.saved_run`).
+is the checkpoint's run's, as for evaluation (:mod:`mnist_ddp.config.saved_run`).
 
 The file is written under a temporary name beside its final path, loaded back (onnxruntime for
 ONNX, ``torch.export.load``) and run on :data:`CHECK_IMAGES` of the data set's test images; only when
@@ -27,11 +27,9 @@ never over an existing file (:func:`publish`). A run directory (``logs/exports/<
 the command's config, its log and ``metrics.json`` (the file, the format, the difference found).
 """
 
-import errno
 import importlib.util
 import json
 import logging
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -40,14 +38,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from mnist_ddp.cli.job import METRICS_FILE
-from mnist_ddp.cli.outputs import write_json
-from mnist_ddp.cli.saved_run import data_spec_of_checkpoint, model_config, use_data_set_of_run
-from mnist_ddp.cli.schema import ExportFormat
+from mnist_ddp.core.errors import ConfigValueError, ExportError
+from mnist_ddp.core.files import atomic_path
 from mnist_ddp.data.base import first_pixels
-from mnist_ddp.data.spec import DataSpec, check_same_data, normalize_pixels
-from mnist_ddp.errors import ConfigValueError, ExportError
+from mnist_ddp.data.spec import DataSpec, check_same_data, checkpoint_data_spec, normalize_pixels
 from mnist_ddp.models.build import build_model
+from mnist_ddp.run.export_format import ExportFormat
 
 log = logging.getLogger(__name__)
 
@@ -200,27 +196,6 @@ def check_exported(export_format: ExportFormat, path: Path, images: Tensor, expe
     return difference
 
 
-def publish(temporary: Path, path: Path) -> None:
-    """Give the complete file ``temporary`` its final name ``path`` too (the caller then removes the
-    temporary name), never over an existing file: a hard link, which fails when ``path`` exists,
-    so that a file created meanwhile is not lost and ``path`` is never seen half-written. Where
-    the filesystem has no hard links, a rename after a check.
-
-    Raises:
-        ConfigValueError: when ``path`` exists (:func:`check_output`).
-    """
-    try:
-        os.link(temporary, path)
-    except FileExistsError:
-        check_output(path)  # raises, naming it
-        raise
-    except OSError as error:
-        if error.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP):
-            raise
-        check_output(path)
-        os.replace(temporary, path)
-
-
 def export_checkpoint(cfg: DictConfig) -> dict:
     """Export the checkpoint ``cfg.ckpt_path`` in ``cfg.format`` (see the module's docstring), check
     the file, and write ``metrics.json`` into the run directory.
@@ -234,13 +209,11 @@ def export_checkpoint(cfg: DictConfig) -> dict:
             written (the temporary file is removed).
         ConfigValueError: when the output file appeared since the command line was checked.
     """
-    log.info(f"Run directory: {cfg.paths.output_dir}")
     checkpoint = Path(cfg.ckpt_path).resolve()
     export_format = ExportFormat(cfg.format)
     output = output_path(cfg.ckpt_path, export_format, cfg.output).resolve()
-    use_data_set_of_run(cfg, checkpoint)
-    spec = data_spec_of_checkpoint(cfg, checkpoint)
-    module = build_model(model_config(cfg, checkpoint), spec)
+    spec = checkpoint_data_spec(checkpoint, cfg.data)
+    module = build_model(cfg.model, spec)
     # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.
     module.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"])
     module.eval()
@@ -251,23 +224,20 @@ def export_checkpoint(cfg: DictConfig) -> dict:
     images = first_pixels(datamodule.test_set, CHECK_IMAGES)
     with torch.no_grad():
         expected = module(spec.normalize(images))
-    # Beside the output, so that publishing it is a link within one filesystem; hidden while it is
-    # checked; created by the exporter, with the permissions of any new file (mkstemp's are 0600);
-    # with the format's suffix, which torch.export.load wants.
-    output.parent.mkdir(parents=True, exist_ok=True)
-    temporary = output.with_name(f".{output.name}.{os.getpid()}.tmp{SUFFIXES[export_format]}")
+    # Checked while hidden, published only whole and never over a file created meanwhile
+    # (atomic_path), with the format's suffix, which torch.export.load wants.
     try:
-        exported = PixelClassifier(module.net, spec).eval()
-        export_model(exported, export_format, temporary, images, spec.class_names)
-        difference = check_exported(export_format, temporary, images, expected)
-        publish(temporary, output)
-    finally:
-        temporary.unlink(missing_ok=True)
+        with atomic_path(output, suffix=SUFFIXES[export_format], replace=False) as temporary:
+            exported = PixelClassifier(module.net, spec).eval()
+            export_model(exported, export_format, temporary, images, spec.class_names)
+            difference = check_exported(export_format, temporary, images, expected)
+    except FileExistsError:
+        check_output(output)  # raises, naming it
+        raise
     metrics = {
         "output": str(output), "format": export_format.value, "checkpoint": str(checkpoint),
         "max_abs_difference": difference, "check_images": len(images),
     }  # fmt: skip
-    write_json(Path(cfg.paths.output_dir) / METRICS_FILE, {"status": "completed", **metrics})
     log.info(
         f"Exported {checkpoint} to {output} (format={export_format.value}): its logits on {len(images)} test images "
         f"differ from the checkpoint's model by at most {difference:.2g}"

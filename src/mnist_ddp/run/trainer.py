@@ -9,11 +9,10 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
-from mnist_ddp.cli.job import launcher_restarts
+from mnist_ddp.core.environment import launcher_restarts
 from mnist_ddp.distributed.layout import (
     check_device_options,
-    per_device_batch_size,
-    per_device_eval_batch_size,
+    data_parallel_layout,
     resolve_devices,
 )
 from mnist_ddp.loggers.trackers import build_loggers
@@ -72,36 +71,11 @@ def build_trainer(
     return trainer, data_parallel_layout(trainer, cfg.data.global_batch_size, evaluation)
 
 
-def data_parallel_layout(trainer: L.Trainer, global_batch_size: int, evaluation: bool = False) -> dict[str, int]:
-    """``world_size``, ``global_batch_size``, ``per_device_batch_size``, ``accumulate_grad_batches``
-    (samples per optimizer step = per-device batch x world_size x accumulated micro-batches). With
-    ``evaluation``: ``world_size``, ``global_batch_size`` and the per-device evaluation batch
-    (:func:`~mnist_ddp.distributed.layout.per_device_eval_batch_size`).
-
-    Raises:
-        BatchSizeError: for a global batch that does not split evenly over the processes (training).
-    """
-    world_size = trainer.num_nodes * trainer.num_devices
-    if evaluation:
-        return {
-            "world_size": world_size,
-            "global_batch_size": global_batch_size,
-            "per_device_batch_size": per_device_eval_batch_size(global_batch_size, world_size),
-        }
-    accumulate = trainer.accumulate_grad_batches
-    return {
-        "world_size": world_size,
-        "global_batch_size": global_batch_size,
-        "per_device_batch_size": per_device_batch_size(global_batch_size, world_size, accumulate),
-        "accumulate_grad_batches": accumulate,
-    }
-
-
 def checkpoint_to_resume(ckpt_path: str | None, trainer: L.Trainer) -> str | None:
     """What ``trainer.fit`` resumes from: ``ckpt_path`` when given; otherwise, when the launcher has
     restarted this job (torchrun ``--max-restarts``, a SLURM requeue: :func:`launcher_restarts`),
     ``"last"``, which Lightning resolves to the newest ``last.ckpt`` of the run's checkpoint
-    callbacks. The run directory is the same across restarts (:func:`mnist_ddp.cli.outputs.run_stamp`), so
+    callbacks. The run directory is the same across restarts (:func:`mnist_ddp.core.environment.run_stamp`), so
     that is this run's own latest checkpoint; a job that died before its first checkpoint starts
     afresh (Lightning warns). A checkpoint saved by Lightning's SLURM auto-requeue (SIGUSR1,
     ``hpc_ckpt_<n>.ckpt`` in the run directory) is newer: then None, and Lightning resumes from it.

@@ -3,7 +3,7 @@
 Hydra makes the run directory before it calls the task function, and the job's processes start
 after that. A bad command line is refused before both, as one line that names the key, what is
 wrong, and what is allowed. Its keys and types are checked first, without torch or Lightning
-(:mod:`mnist_ddp.cli.compose`); then, for each job of the command line (a ``-m`` sweep
+(:mod:`mnist_ddp.config.compose`); then, for each job of the command line (a ``-m`` sweep
 expands into several):
 
 1. the objects that are cheap to build are built, so that their own checks run: DataModule,
@@ -30,13 +30,15 @@ from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from mnist_ddp.cli.compose import Job
-from mnist_ddp.cli.job import METRICS_FILE, launcher_rank, launcher_restarts
-from mnist_ddp.cli.saved_run import data_set_of_run, saved_run_config
+from mnist_ddp.config.command_line import CHECKPOINT_USES
+from mnist_ddp.config.compose import Job
+from mnist_ddp.config.saved_run import apply_run_settings
+from mnist_ddp.core.environment import external_launcher, launched_externally, launcher_rank, launcher_restarts
+from mnist_ddp.core.errors import ConfigValueError, UsageError, first_line
+from mnist_ddp.core.run_dir import METRICS_FILE
 from mnist_ddp.data.inputs import check_inputs
 from mnist_ddp.data.spec import DataSpec, check_same_data, read_data_spec
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
-from mnist_ddp.distributed.launch import check_rendezvous_address, launched_externally
 from mnist_ddp.distributed.layout import (
     check_device_options,
     per_device_batch_size,
@@ -44,20 +46,20 @@ from mnist_ddp.distributed.layout import (
     resolve_devices,
     uses_cuda,
 )
-from mnist_ddp.errors import ConfigValueError, UsageError, first_line
+from mnist_ddp.launch.supervisor import check_rendezvous_address
 from mnist_ddp.loggers.trackers import check_tracker_packages
 from mnist_ddp.models.build import build_model
-from mnist_ddp.tasks.export import check_exporter, check_output, output_path
+from mnist_ddp.run.export import check_exporter, check_output, output_path
 
 #: The entry points that apply a training run's checkpoint instead of training, with what each
 #: does with it (for the messages): they take the model and the data set of the checkpoint's run.
-CHECKPOINT_USES = {"eval": "evaluation", "predict": "prediction", "export": "export"}
 
 
 def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
     """Check the values of the ``jobs`` of a command line of ``python -m mnist_ddp.<config_name>``
-    (their keys are checked: :func:`mnist_ddp.cli.compose.composed_jobs`): for eval, predict and
-    export first the data set and model of the checkpoint's run (:func:`apply_checkpoint_run`);
+    (their keys are checked: :func:`mnist_ddp.config.compose.composed_jobs`): for eval, predict and
+    export first the data set and model of the checkpoint's run
+    (:func:`~mnist_ddp.config.saved_run.apply_run_settings`);
     each job's objects and layout (:func:`check_job`; an export, one process with no Trainer:
     :func:`check_export_job`), its model built for its data (:func:`check_model`), the checkpoint, a
     prediction's inputs and the run directory; last, once per data set, the data
@@ -73,9 +75,10 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
     for job in jobs:
         output_dir = _output_dir(job)
         cfg = job.cfg
-        model_cfg = cfg.model if training else apply_checkpoint_run(cfg, job.overrides, CHECKPOINT_USES[config_name])
+        if not training:  # the checkpoint's run's model and data set, as the entry point applies them
+            apply_run_settings(cfg, job.overrides, config_name)
         datamodule = check_export_job(cfg) if config_name == "export" else check_job(cfg, training=training)
-        model = check_model(cfg, model_cfg, datamodule, config_name)
+        model = check_model(cfg, cfg.model, datamodule, config_name)
         if cfg.get("ckpt_path") not in (None, "last"):  # "last": Lightning finds the run's own
             check_checkpoint(cfg.ckpt_path, model)
         if config_name == "predict":  # its inputs, instead of the data set's files
@@ -92,33 +95,6 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
     if not launched_externally():  # under torchrun or SLURM, Lightning prepares the data on each node
         for _, datamodule in data_sets:
             check_data(datamodule, training=training)
-
-
-def apply_checkpoint_run(cfg: DictConfig, overrides: Sequence[str], purpose: str) -> DictConfig:
-    """For a command that applies a checkpoint (:data:`CHECKPOINT_USES`): set ``cfg.data`` to the
-    data set of the checkpoint's run (:func:`~mnist_ddp.cli.saved_run.data_set_of_run`, against the
-    job's ``overrides``).
-
-    Args:
-        cfg: the job's config.
-        overrides: the job's command-line overrides.
-        purpose: what the command does with the checkpoint, for the message (``evaluation``).
-
-    Returns:
-        The ``model`` node of the checkpoint's run, or ``cfg.model`` when the run left no config.
-
-    Raises:
-        ConfigValueError: for ``ckpt_path=last`` (a training run's resume in place, not a file),
-            and for an override that contradicts the run's data set.
-    """
-    if cfg.ckpt_path == "last":
-        raise ConfigValueError(
-            f"ckpt_path=last: {purpose} needs a checkpoint file, such as "
-            "ckpt_path=logs/runs/<run>/checkpoints/last.ckpt (or the best epoch_<N>.ckpt beside it)."
-        )
-    run = saved_run_config(Path(cfg.ckpt_path))
-    data_set_of_run(cfg, run, Path(cfg.ckpt_path), overrides)
-    return run.model if run is not None else cfg.model
 
 
 def check_model(
@@ -409,9 +385,8 @@ def check_launch_environment(num_nodes: int, devices_per_node: int) -> None:
     Raises:
         ConfigValueError: the launcher's figures and the settings that must match them.
     """
-    for environment in (TorchElasticEnvironment, SLURMEnvironment):
-        if not environment.detect():
-            continue
+    environment = external_launcher()
+    if environment is not None:
         launcher = {TorchElasticEnvironment: "torchrun --nnodes / --nproc-per-node",
                     SLURMEnvironment: "sbatch --nodes / --ntasks-per-node"}[environment]  # fmt: skip
         hint = f"Set trainer.num_nodes and trainer.devices to the launcher's nodes and processes per node ({launcher})."
@@ -425,7 +400,6 @@ def check_launch_environment(num_nodes: int, devices_per_node: int) -> None:
                 f"trainer.devices={devices_per_node} processes per node, but torchrun started {local} per node "
                 f"(LOCAL_WORLD_SIZE). {hint}"
             )
-        return
 
 
 def check_writable(key: str, folder: Path) -> None:

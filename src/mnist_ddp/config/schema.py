@@ -12,15 +12,15 @@ template's own classes).
 """
 
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from mnist_ddp.cli.outputs import run_stamp
+from mnist_ddp.core.environment import run_stamp
 from mnist_ddp.distributed.options import CommHook, LRScaling
+from mnist_ddp.run.export_format import ExportFormat
 
 #: ``conf/``, where the entry points read their configs. An installed wheel (``pip install .``) has it
 #: as the package data ``mnist_ddp/conf/``, which pyproject.toml maps the repository's top-level
@@ -42,8 +42,8 @@ MOVED_MODULES = {
     "mnist_ddp.interrupts": "mnist_ddp.callbacks.signals",
     "mnist_ddp.strategy": "mnist_ddp.distributed.strategy",
     "mnist_ddp.checkpoint_io": "mnist_ddp.distributed.checkpoint_io",
-    "mnist_ddp.job": "mnist_ddp.cli.job",
-    "mnist_ddp.sweep_summary": "mnist_ddp.cli.sweep_summary",
+    "mnist_ddp.job": "mnist_ddp.launch.job",
+    "mnist_ddp.sweep_summary": "mnist_ddp.launch.sweep_summary",
 }
 #: Classes that left their old module for another one than the rest of it.
 MOVED_CLASSES = {
@@ -70,7 +70,7 @@ class DataConfig:
     Each data set's schema adds its own keys (:class:`IDXDataConfig`, :class:`FolderDataConfig`;
     its YAML names it in its defaults list, ``idx_schema`` / ``folder_schema``). A data set of your
     own needs no schema: its keys are checked against its class's signature
-    (:func:`mnist_ddp.cli.compose.unknown_keys`).
+    (:func:`mnist_ddp.config.compose.unknown_keys`).
     """
 
     _target_: str = MISSING
@@ -276,7 +276,7 @@ class LoggerConfig:
 
 @dataclass
 class LauncherConfig:
-    """``launcher``: the supervisor of a run's processes on one machine (:mod:`mnist_ddp.distributed.launch`)."""
+    """``launcher``: the supervisor of a run's processes on one machine (:mod:`mnist_ddp.launch.supervisor`)."""
 
     rendezvous_timeout: float = MISSING
     shutdown_timeout: float = MISSING
@@ -349,15 +349,6 @@ class PredictConfig(JobConfig):
     resize: bool = MISSING
 
 
-class ExportFormat(str, Enum):
-    """``format`` of ``python -m mnist_ddp.export`` (:mod:`mnist_ddp.tasks.export`): ``onnx``, an
-    ONNX model (``<checkpoint stem>.onnx``), or ``torch_export``, a ``torch.export`` program
-    (``<checkpoint stem>.pt2``)."""
-
-    onnx = "onnx"
-    torch_export = "torch_export"
-
-
 @dataclass
 class ExportConfig:
     """The composed config of ``python -m mnist_ddp.export`` (``conf/export.yaml``): one process, no
@@ -400,7 +391,7 @@ def upgrade_targets(node: Any) -> Any:
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore (named in ``conf/config.yaml``, ``conf/eval.yaml``,
     ``conf/predict.yaml``, ``conf/export.yaml`` and ``conf/data/``), and register the ``${run_stamp:}`` resolver of
-    the run directory names (:func:`mnist_ddp.cli.outputs.run_stamp`)."""
+    the run directory names (:func:`mnist_ddp.core.environment.run_stamp`)."""
     if not OmegaConf.has_resolver("run_stamp"):
         # Cached, like Hydra's ${now:}: every job of a sweep resolves the sweep's directory alike.
         OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)

@@ -1,12 +1,13 @@
 """Training: what ``python -m mnist_ddp.train`` does with each job.
 
-:func:`train` runs the job on ``trainer.devices`` DDP processes (:func:`mnist_ddp.cli.job.run_job`).
+:func:`train` runs the job on ``trainer.devices`` DDP processes (:func:`mnist_ddp.launch.job.run_job`).
 Each process builds the DataModule, model, callbacks, logger and DDP Trainer from the config,
 trains, then evaluates the best checkpoint on the validation split and on the data set's test split
 (MNIST's official 10,000 images by default) (:func:`fit_and_test`); global rank 0 writes both to ``metrics.json`` in the
 run directory.
 """
 
+import hashlib
 import logging
 from pathlib import Path
 
@@ -15,37 +16,25 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from mnist_ddp.callbacks.run_summary import RunSummary
 from mnist_ddp.callbacks.signals import stop_on_signals
-from mnist_ddp.cli.job import METRICS_FILE, launcher_restarts, run_job
-from mnist_ddp.cli.outputs import config_fingerprint, write_json
-from mnist_ddp.cli.trainer import build_trainer, checkpoint_to_resume
+from mnist_ddp.core.environment import launcher_restarts
+from mnist_ddp.core.files import write_json
+from mnist_ddp.core.run_dir import METRICS_FILE
 from mnist_ddp.distributed.checkpoint_io import in_place_resume_step
-from mnist_ddp.distributed.cuda_check import check_cuda_through_runtime
-from mnist_ddp.distributed.host_memory import keep_freed_host_memory
 from mnist_ddp.distributed.layout import scale_learning_rate
 from mnist_ddp.distributed.options import LRScaling
 from mnist_ddp.loggers.trackers import build_loggers, record_tracker_runs
 from mnist_ddp.models.build import build_model
+from mnist_ddp.run.cuda_check import check_cuda_through_runtime
+from mnist_ddp.run.host_memory import keep_freed_host_memory
+from mnist_ddp.run.trainer import build_trainer, checkpoint_to_resume
 
 log = logging.getLogger(__name__)
 # Every process runs this file; messages about the whole run come from global rank 0 only.
 info = rank_zero_only(log.info)
-
-
-def train(cfg: DictConfig) -> float | None:
-    """Train and evaluate one job; returns the best checkpoint's ``val/acc`` (what sweepers
-    maximize), or None for a failed job of a sweep (Optuna records a failed trial and goes on;
-    a NaN would crash hydra-optuna-sweeper 1.2, which then tells Optuna a value for a failed trial).
-
-    Raises:
-        UsageError: for a config value, data file or checkpoint the user must fix (reported as one line).
-        JobFailedError: a process of a single run failed (reported as one line).
-    """
-    info(f"Run directory: {cfg.paths.output_dir}")
-    return run_job(fit_and_test, cfg).get("val/acc")
 
 
 def fit_and_test(cfg: DictConfig) -> dict:
@@ -133,3 +122,8 @@ def job_overrides(run_dir: Path) -> list[str]:
     # Read as YAML text, not through OmegaConf, which would resolve an override's own
     # interpolation (out_dir=${paths.output_dir}/samples) against the list.
     return [str(override) for override in yaml.safe_load(path.read_text())] if path.is_file() else []
+
+
+def config_fingerprint(cfg: DictConfig) -> str:
+    """First 12 hex digits of the SHA-256 of the resolved config as YAML: equal on every rank of a job."""
+    return hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest()[:12]

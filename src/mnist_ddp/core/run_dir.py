@@ -1,0 +1,15 @@
+"""A run directory as the template leaves it: the job's metrics file, and the command that resumes it."""
+
+import shlex
+import sys
+from pathlib import Path
+
+#: The metrics file of a job, in its run directory: the task's metrics, the job's overrides and its status.
+METRICS_FILE = "metrics.json"
+
+
+def resume_command(run_dir: Path | str) -> str:
+    """The command that resumes the run in ``run_dir`` in place, ready to paste into a shell: with
+    this process's Python interpreter (the project's ``.venv/bin/python`` when the run was started
+    from it; a bare ``python`` would be whichever is first on ``PATH``, often one without the project)."""
+    return f"{shlex.quote(sys.executable)} -m mnist_ddp.train hydra.run.dir={shlex.quote(str(run_dir))} ckpt_path=last"

@@ -1,0 +1,2 @@
+"""Running a job's processes: the supervisor (torch's elastic agent), one worker process, and the
+summary of a sweep's jobs."""

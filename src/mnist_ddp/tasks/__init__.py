@@ -1,1 +1,0 @@
-"""What the entry points do with each job: train, evaluate, predict (in every process), export (in one)."""
