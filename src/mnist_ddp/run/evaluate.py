@@ -1,8 +1,8 @@
 """Evaluation: what ``python -m mnist_ddp.eval`` does with each job.
 
-:func:`evaluate_checkpoint` tests the checkpoint on the official test set with ``trainer.devices``
-DDP processes (:func:`mnist_ddp.launch.job.run_job`; each process runs :func:`evaluate`) and writes
-``test/loss`` and ``test/acc`` to ``metrics.json`` in its own run directory (``logs/evals/``).
+Every process of the job runs :func:`evaluate`: it tests the checkpoint on its shard of the data
+set's test split, and global rank 0 writes ``test/loss`` and ``test/acc`` to ``metrics.json`` in
+the job's own run directory (``logs/evals/``).
 Each test image is evaluated exactly once whatever the number of processes, so the metrics
 equal those of the training run's own test of the same checkpoint. The model and the data set
 are those of the checkpoint's training run.
@@ -19,7 +19,6 @@ from omegaconf import DictConfig
 from mnist_ddp.callbacks.signals import stop_on_signals
 from mnist_ddp.core.files import write_json
 from mnist_ddp.core.run_dir import METRICS_FILE
-from mnist_ddp.data.spec import check_same_data, read_data_spec
 from mnist_ddp.models.build import build_model
 from mnist_ddp.run.host_memory import keep_freed_host_memory
 from mnist_ddp.run.trainer import build_trainer
@@ -40,7 +39,6 @@ def evaluate(cfg: DictConfig) -> dict:
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
-    check_same_data(datamodule.spec, read_data_spec(checkpoint), checkpoint, cfg.data._target_)
     model = build_model(cfg.model, datamodule.spec)
     trainer, layout = build_trainer(cfg, evaluation=True)
 

@@ -1,13 +1,13 @@
 """Prediction: what ``python -m mnist_ddp.predict`` does with each job.
 
-:func:`predict_inputs` applies the checkpoint to the inputs (a folder of PNG or JPEG images, one
-image, or an IDX images file: :mod:`mnist_ddp.data.inputs`) with ``trainer.devices`` DDP processes
-(:func:`mnist_ddp.launch.job.run_job`; each process runs :func:`predict`), and global rank 0 writes
+Every process of the job runs :func:`predict`: it applies the checkpoint to its shard of the
+inputs (a folder of PNG or JPEG images, one image, or an IDX images file: :mod:`mnist_ddp.data.inputs`),
+and global rank 0 writes
 ``predictions.csv`` into the run directory (``logs/predictions/<stamp>/``): one row per input, in
 input order (:data:`COLUMNS`).
 
 Each replica predicts its own shard, inputs ``r``, ``r + world_size``, ... for global rank ``r``:
-the unpadded sharding of evaluation (:func:`mnist_ddp.data.datamodule.unrepeated_loader`), which is
+the unpadded sharding of evaluation (:func:`mnist_ddp.data.base.unrepeated_loader`), which is
 also the one ``trainer.predict`` puts in by itself, so that every input is predicted exactly once
 whatever the number of processes. At the end of the prediction epoch the replicas' rows meet in
 one all-gather (:class:`PredictionCSV`), and global rank 0 puts them back in input order and

@@ -1,10 +1,9 @@
 """Training: what ``python -m mnist_ddp.train`` does with each job.
 
-:func:`train` runs the job on ``trainer.devices`` DDP processes (:func:`mnist_ddp.launch.job.run_job`).
-Each process builds the DataModule, model, callbacks, logger and DDP Trainer from the config,
-trains, then evaluates the best checkpoint on the validation split and on the data set's test split
-(MNIST's official 10,000 images by default) (:func:`fit_and_test`); global rank 0 writes both to ``metrics.json`` in the
-run directory.
+Every process of the job runs :func:`fit_and_test`: it builds the DataModule, model, callbacks,
+logger and DDP Trainer from the config, trains, then evaluates the best checkpoint on the
+validation split and on the data set's test split (MNIST's official 10,000 images by default);
+global rank 0 writes both to ``metrics.json`` in the run directory.
 """
 
 import hashlib

@@ -1,4 +1,4 @@
-"""The DDP Trainer, built from the composed config, with the checks that must pass before launch."""
+"""The DDP Trainer, built from the composed config (checked before launch: :mod:`mnist_ddp.config.checks`)."""
 
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,7 +11,6 @@ from omegaconf import DictConfig
 
 from mnist_ddp.core.environment import launcher_restarts
 from mnist_ddp.distributed.layout import (
-    check_device_options,
     data_parallel_layout,
     resolve_devices,
 )
@@ -38,11 +37,12 @@ def build_trainer(
         The Trainer, and the data-parallel layout: ``world_size``, ``global_batch_size``,
         ``per_device_batch_size``, ``accumulate_grad_batches``.
 
+    The options were checked before launch, in every process that runs the job
+    (:func:`mnist_ddp.config.checks.check_jobs`): they are not checked again here.
+
     Raises:
-        ConfigValueError: for options that cannot work on this device (NCCL, SyncBatchNorm or fp16
-            mixed precision on CPU).
         BatchSizeError: for a global batch that does not split evenly over the processes (in
-            training).
+            training), from the layout.
     """
     accelerator, devices = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
     callbacks = [*(instantiate(callback) for callback in cfg.get("callbacks", {}).values()), *extra_callbacks]
@@ -61,12 +61,6 @@ def build_trainer(
         strategy=instantiate(cfg.strategy),
         logger=list(loggers),
         callbacks=callbacks,
-    )
-    check_device_options(
-        trainer.strategy.root_device.type,
-        cfg.strategy.process_group_backend,
-        cfg.trainer.sync_batchnorm,
-        cfg.trainer.precision,
     )
     return trainer, data_parallel_layout(trainer, cfg.data.global_batch_size, evaluation)
 
