@@ -20,11 +20,10 @@ MAX_ANNOTATED_CLASSES = 20
 def image_grid(pixels: Tensor, titles: Sequence[str], heading: str = "", columns: int = 8) -> Figure:
     """A grid of images, each with a title above it (its label, or true and predicted class).
 
-    The images are tiled into one picture drawn on one axes, the titles written onto it: one axes
-    per image took about 50 ms per image to lay out (1.7 s for a batch of 32, which the first
-    training step waited for); this takes about 0.1 s. A 28x28 image gets a 1.2 x 1.4 inch cell at
-    80 dpi (768 x 112 pixels per row of 8); larger images are scaled down to cells of at most
-    1.6 inches.
+    The images are tiled into one picture drawn on one axes, the titles written onto it: matplotlib
+    lays out one axes per image slowly, and the first training step waits for the input grid. A
+    28x28 image gets a 1.2 x 1.4 inch cell at 80 dpi (768 x 112 pixels per row of 8); larger images
+    are scaled down to cells of at most 1.6 inches.
 
     Args:
         pixels: ``(N, C, H, W)`` float32 on a 0..1 scale (:meth:`~mnist_ddp.data.spec.DataSpec.denormalize`);

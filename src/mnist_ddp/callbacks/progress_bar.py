@@ -15,9 +15,9 @@ class ThrottledRichProgressBar(RichProgressBar):
     ``refresh_rate`` times per second, and at each epoch's last batch.
 
     Lightning's bar updates its task and reads every progress-bar metric (``.item()`` on each)
-    after every training batch, although Rich draws them only ``refresh_rate`` times per second:
-    3% of a small model's step on CPU (py-spy, ``benchmarks/per_step.py``). Between two redraws
-    that work is skipped; what is drawn is the same. Global rank 0 only, as Lightning's.
+    after every training batch, although Rich draws them only ``refresh_rate`` times per second
+    (its share of a step: ``benchmarks/per_step.py``). Between two redraws that work is skipped;
+    what is drawn is the same. Global rank 0 only, as Lightning's.
 
     Args:
         refresh_rate: redraws per second, and updates of the training bar (default 2, smooth

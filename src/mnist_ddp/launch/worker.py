@@ -131,9 +131,9 @@ def end_process_group() -> None:
     """After the task: wait for every rank to finish its own, then destroy the process group.
 
     A rank that exits with its process group alive while a peer still works (global rank 0 draws
-    the test figures after the others are done) was once killed by SIGABRT at interpreter exit,
-    "terminate called without an active exception" from the backend's threads; torch's documentation
-    asks for ``destroy_process_group()`` before a process exits.
+    the test figures after the others are done) can be aborted at interpreter exit by the
+    backend's threads (SIGABRT, "terminate called without an active exception"); torch's
+    documentation asks for ``destroy_process_group()`` before a process exits.
     """
     import torch.distributed as dist
 

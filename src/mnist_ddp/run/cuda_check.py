@@ -6,10 +6,9 @@ Importing Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` in the process's en
 (pytorch/pytorch#83973). torch answers such a check through NVML and caches the answer only once
 CUDA is initialized, which on a machine without a GPU never happens: every check then loads
 ``libnvidia-ml`` again and fails. torch's optimizers check at every ``step()`` (the CUDA-graph
-capture check), so on CPU each optimizer step paid about 0.4 ms (``Adam.step`` of a 784 -> 10
-linear layer: 0.62 ms with the variable, 0.21 ms without; docs/performance.md). A worker forks
-no CUDA process (its DataLoader workers use no CUDA), so it asks the runtime, whose answer torch
-caches.
+capture check), so on CPU every optimizer step pays for that failed load (the cost:
+docs/performance.md). A worker forks no CUDA process (its DataLoader workers use no CUDA), so it
+asks the runtime, whose answer torch caches.
 """
 
 import os

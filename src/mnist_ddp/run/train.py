@@ -44,8 +44,8 @@ def fit_and_test(cfg: DictConfig) -> dict:
         data-parallel layout), the same on every rank; global rank 0 also writes them to
         ``metrics.json``.
     """
-    keep_freed_host_memory()  # in every process: see host_memory.py (10-25% per step on CPU)
-    check_cuda_through_runtime()  # after Lightning's import: see cuda_check.py (0.4 ms per step on CPU)
+    keep_freed_host_memory()  # in every process: see host_memory.py
+    check_cuda_through_runtime()  # after Lightning's import: see cuda_check.py
     # On every rank: each process reads the job's config, and they must agree.
     log.info(f"Composed config sha256 {config_fingerprint(cfg)}")
     L.seed_everything(cfg.seed, workers=True)
@@ -113,8 +113,8 @@ def job_overrides(run_dir: Path) -> list[str]:
     process under torchrun or SLURM), else as Hydra saved them in ``<run_dir>/.hydra/overrides.yaml``
     (none if it is missing), which the supervisor's Hydra wrote before it started this worker.
 
-    (Under torchrun only global rank 0 writes that file, while the other processes may already read
-    it: a process of a second node once read it empty.)"""
+    Under torchrun only global rank 0 writes that file, while the other processes may already read
+    it: they take Hydra's record instead."""
     if HydraConfig.initialized():
         return list(HydraConfig.get().overrides.task)
     path = run_dir / ".hydra" / "overrides.yaml"
