@@ -1,0 +1,59 @@
+"""Print the package's import graph by layer: which of its packages each one imports.
+
+    python tools/import_graph.py [--modules]
+
+One line per package of ``src/mnist_ddp`` (entry points count as one, ``<entry points>``), in the
+order of the layer contract in ``pyproject.toml``, highest first, with the packages it imports
+directly; ``--modules`` lists the module-to-module imports under each. Read by grimp, the import
+graph library behind import-linter (``pip install -e '.[dev]'``), from the source files: nothing of
+the package is run.
+"""
+
+import argparse
+import sys
+import tomllib
+from collections import defaultdict
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def layers() -> list[str]:
+    """The layer contract's layers, highest first (``a | b`` split into ``a``, ``b``)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = (contract for contract in config["contracts"] if contract["type"] == "layers")
+    return [name.strip() for layer in contract["layers"] for name in layer.split("|")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modules", action="store_true", help="list the module imports under each package")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "src"))
+    graph = grimp.build_graph("mnist_ddp", cache_dir=None)
+    entry_points = {"train", "eval", "predict", "export", "download"}
+
+    def package(module: str) -> str:
+        parts = module.split(".")
+        name = parts[1] if len(parts) > 1 else "<root>"
+        return "<entry points>" if name in entry_points else name
+
+    imports: dict[str, set[str]] = defaultdict(set)
+    details: dict[str, set[str]] = defaultdict(set)
+    for module in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(module):
+            if package(imported) != package(module):
+                imports[package(module)].add(package(imported))
+                details[package(module)].add(f"{module} -> {imported}")
+    order = ["<entry points>", *(name for name in layers() if name not in entry_points)]
+    for name in order:
+        print(f"{name:15} -> {', '.join(sorted(imports[name], key=order.index)) or '(nothing of the package)'}")
+        if args.modules:
+            for line in sorted(details[name]):
+                print(f"    {line}")
+
+
+if __name__ == "__main__":
+    main()
