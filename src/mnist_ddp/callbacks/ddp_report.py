@@ -13,6 +13,7 @@ import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 
+from mnist_ddp.core.compat import ddp_logging_data, process_group_timeout
 from mnist_ddp.core.files import write_json
 
 log = logging.getLogger(__name__)
@@ -47,22 +48,16 @@ class DDPSettingsReport(L.Callback):
 
     @rank_zero_only
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        if not self._buckets_rebuilt and self._logging_data(trainer).get("has_rebuilt_buckets"):
+        if not self._buckets_rebuilt and ddp_logging_data(trainer.strategy.model).get("has_rebuilt_buckets"):
             self._buckets_rebuilt = True
             settings = self._write(trainer)
             log.info(f"DDP gradient buckets after DDP's rebuild (bytes): {settings['bucket_sizes_bytes']}")
 
-    @staticmethod
-    def _logging_data(trainer: L.Trainer) -> dict:
-        # DDP's own record of its constructor arguments, registered hook and buckets.
-        return trainer.strategy.model._get_ddp_logging_data()
-
     def _write(self, trainer: L.Trainer) -> dict:
         ddp = trainer.strategy.model  # the DistributedDataParallel wrapper while fitting
-        data = self._logging_data(trainer)
+        data = ddp_logging_data(ddp)
         buckets = data["rebuilt_bucket_sizes"] if data.get("has_rebuilt_buckets") else data["bucket_sizes"]
-        # The timeout the process group was built with; torch exposes it only on the backend object.
-        timeout = dist.group.WORLD._get_backend(trainer.strategy.root_device).options._timeout
+        timeout = process_group_timeout(trainer.strategy.root_device)
         settings = {
             "backend": dist.get_backend(),
             "world_size": dist.get_world_size(),

@@ -25,9 +25,10 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
+from mnist_ddp.core.compat import skip_sigterm_broadcast
 from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.core.run_dir import resume_command
-from mnist_ddp.distributed.checkpoint_io import LastCheckpoint
+from mnist_ddp.distributed.checkpoint_io import LastCheckpoint, at_optimizer_step_boundary
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +62,6 @@ def _register_stack_dump() -> None:
             faulthandler.unregister(signum)
             signal.signal(signum, handler)
             faulthandler.register(signum, _stacks_file, all_threads=True, chain=True)
-
-
-def _no_broadcast() -> None:
-    """Stands in for Lightning's per-step SIGTERM-flag broadcast (see :meth:`StopOnSignal.on_train_start`)."""
 
 
 class StopOnSignal(L.Callback):
@@ -119,9 +116,7 @@ class StopOnSignal(L.Callback):
         # torchrun or SLURM): the broadcast carries nothing, and costs a tenth of a small model's
         # training step on gloo (benchmarks/per_step.py). tests/system/test_interrupts.py and
         # test_chaos.py stop runs by signal without it.
-        epoch_loop = trainer.fit_loop.epoch_loop
-        if hasattr(epoch_loop, "_broadcast_sigterm_tensor"):  # Lightning's private method, 2.x
-            epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+        skip_sigterm_broadcast(trainer)
         if getattr(trainer, "received_sigterm", False):  # Lightning's handler got one before install()
             self.stop(signal.SIGTERM)
 
@@ -238,7 +233,7 @@ class RequeueOnSlurmSignal(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args, **kwargs) -> None:
         if self.signal is None:
             return
-        if trainer.fit_loop.epoch_loop.batch_progress.current.processed % trainer.accumulate_grad_batches:
+        if not at_optimizer_step_boundary(trainer):
             return  # between accumulated micro-batches, whose gradients no checkpoint holds
         if not trainer.strategy.broadcast(self.received):
             return

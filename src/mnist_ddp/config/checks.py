@@ -31,7 +31,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElastic
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from mnist_ddp.config.command_line import CHECKPOINT_USES
-from mnist_ddp.config.compose import Job
+from mnist_ddp.config.compose import Job, child_config
 from mnist_ddp.config.saved_run import apply_run_settings
 from mnist_ddp.core.environment import external_launcher, launched_externally, launcher_rank, launcher_restarts
 from mnist_ddp.core.errors import ConfigValueError, UsageError, first_line
@@ -361,8 +361,7 @@ def _unexpected_argument_hint(node: DictConfig, path: str, error: BaseException 
         return ""
     argument = match[1]
     for key in node:
-        child = node._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_interpolation():
+        if isinstance(child := child_config(node, key), DictConfig):
             if hint := _unexpected_argument_hint(child, f"{path}.{key}", error):
                 return hint
     if "_target_" in node and argument in node:

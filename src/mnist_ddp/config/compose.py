@@ -22,6 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from mnist_ddp.config.schema import CONFIG_DIR, DATA_SCHEMA_TARGETS, TrainerConfig, register_configs
+from mnist_ddp.core.compat import declared_type
 from mnist_ddp.core.errors import ConfigValueError, UsageError, first_line
 
 
@@ -111,6 +112,16 @@ def _compose(config_name: str, overrides: list[str]) -> DictConfig:
     return cfg
 
 
+def child_config(node: DictConfig | ListConfig, key: str | int) -> DictConfig | ListConfig | None:
+    """``node[key]`` when it is a config node of its own, to look into; None for a value, a null
+    node, ``???``, and an interpolation (which is not resolved: ``${hydra:...}`` has no value before
+    Hydra creates the run directory)."""
+    if OmegaConf.is_interpolation(node, key) or OmegaConf.is_missing(node, key):
+        return None
+    child = node[key]
+    return child if isinstance(child, DictConfig | ListConfig) else None
+
+
 def missing_values(node: DictConfig | ListConfig, prefix: str = "") -> list[str]:
     """The dotted keys under ``node`` whose value is ``???`` (``hydra``, Hydra's own node, left out).
 
@@ -120,12 +131,11 @@ def missing_values(node: DictConfig | ListConfig, prefix: str = "") -> list[str]
     found = []
     for key in range(len(node)) if isinstance(node, ListConfig) else node:
         full_key = f"{prefix}{key}" if isinstance(key, str) else f"{prefix[:-1]}[{key}]"
-        child = node._get_node(key)
         if full_key == "hydra":
             continue
         if OmegaConf.is_missing(node, key):
             found.append(full_key)
-        elif isinstance(child, DictConfig | ListConfig) and not child._is_interpolation():
+        elif (child := child_config(node, key)) is not None:
             found.extend(missing_values(child, f"{full_key}."))
     return found
 
@@ -240,7 +250,7 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     for key in node:
         if key not in known and not (schema is TrainerConfig and key in trainer_arguments()):
             found.append(f"{prefix}{key}")
-        elif isinstance(child := node._get_node(key), DictConfig) and not child._is_interpolation() and key != "hydra":
+        elif key != "hydra" and isinstance(child := child_config(node, key), DictConfig):
             found.extend(unknown_keys(child, f"{prefix}{key}."))
     return found
 
@@ -249,8 +259,7 @@ def _declared_type(cfg: DictConfig, key: str) -> type | None:
     """The schema type declared for ``key`` in ``cfg``, even where its value is null (a logger not selected)."""
     holder_key, _, name = key.rpartition(".")
     holder = OmegaConf.select(cfg, holder_key) if holder_key else cfg
-    node = holder._get_node(name) if isinstance(holder, DictConfig) and name in holder else None
-    return node._metadata.ref_type if node is not None else None
+    return declared_type(holder, name) if isinstance(holder, DictConfig) and name in holder else None
 
 
 def _under_null_node(overrides: Sequence[str], defaults: DictConfig) -> str:

@@ -131,9 +131,10 @@ def data_set_of_run(cfg: DictConfig, run: DictConfig | None, checkpoint: Path, o
         if key in theirs:
             taken.append(f"data.{key}={run_value}")
     data = OmegaConf.create(OmegaConf.to_container(theirs, resolve=False))
+    written = OmegaConf.to_container(ours, resolve=False)  # as given: an interpolation stays one
     for key in LOADING_KEYS:
         if key in explicit and key in ours and key in theirs:
-            data[key] = ours._get_node(key)._value()
+            data[key] = written[key]
     with open_dict(cfg):
         cfg.data = data
     return taken

@@ -384,7 +384,8 @@ def upgrade_targets(node: Any) -> Any:
                 upgrade_targets(value)
     elif isinstance(node, ListConfig):
         for index in range(len(node)):
-            upgrade_targets(node._get_node(index))
+            if not OmegaConf.is_interpolation(node, index):  # unresolved, as above
+                upgrade_targets(node[index])
     return node
 
 

@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate, default_convert
 from typing_extensions import override
 
+from mnist_ddp.core.compat import epoch_batches_processed
 from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.data.augment import crop_and_flip
 from mnist_ddp.data.sharding import ResumableDataLoader, ResumableDistributedSampler
@@ -244,7 +245,7 @@ class ClassificationDataModule(L.LightningDataModule):
             dataset,
             sampler=sampler,
             # Lightning's count of this epoch's batches, read when a checkpoint is saved.
-            trained_batches=lambda: self.trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+            trained_batches=lambda: epoch_batches_processed(self.trainer),
             global_batch_size=self.global_batch_size,
             **self._loader_options(dataset, self.per_device_batch_size),
         )

@@ -69,6 +69,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from mnist_ddp.core.compat import epoch_batches_ready
 from mnist_ddp.core.errors import UsageError
 from mnist_ddp.data.base import collate_for
 
@@ -625,7 +626,7 @@ class _Recorder:
             if trainer.training:
                 # Lightning counts the epoch's batches once this hook has returned: this batch's index,
                 # which a resumed run restores from the checkpoint.
-                index = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+                index = epoch_batches_ready(trainer)
                 self.records["train"].append((trainer.current_epoch, index, sample_ids(pixels, labels)))
             elif trainer.validating:
                 loop = f"validation of epoch {trainer.current_epoch}"

@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from typing_extensions import override
 
+from mnist_ddp.core.compat import also_save_at_epoch_end, epoch_batches_processed, save_checkpoint_now
 from mnist_ddp.core.errors import CheckpointError, ConfigValueError, first_line
 from mnist_ddp.core.files import atomic_path
 
@@ -93,6 +94,16 @@ def check_checkpoint(path: str | Path, model: nn.Module, key: str = "ckpt_path")
             f"{key}={path} was saved from another model configuration: {'; '.join(listed)}. Use the model "
             "settings of the run that saved it (model=..., model.net.* in its .hydra/overrides.yaml)."
         )
+
+
+def at_optimizer_step_boundary(trainer: L.Trainer) -> bool:
+    """In ``on_train_batch_end``: whether the batch that just trained completes a gradient
+    accumulation (every ``trainer.accumulate_grad_batches``-th batch of the epoch): the optimizer
+    has stepped and no gradient is pending, a point to save and resume from. Between accumulated
+    micro-batches it is not (their gradients are in no checkpoint), nor at the step Lightning takes
+    on an epoch's last batch when that cuts an accumulation short. The same on every rank, which
+    train equal batch counts."""
+    return epoch_batches_processed(trainer) % trainer.accumulate_grad_batches == 0
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -179,8 +190,8 @@ class LastCheckpoint(ModelCheckpoint):
             every_n_train_steps=every_n_train_steps,
             train_time_interval=train_time_interval,
         )
-        # After Lightning's exclusivity check: the epoch-end trigger as well.
-        self._every_n_epochs = 1
+        also_save_at_epoch_end(self)  # after Lightning's check that one trigger is set
+        self.train_time_interval = train_time_interval
         self.time_check_every_n_steps = time_check_every_n_steps
 
     @override
@@ -193,14 +204,14 @@ class LastCheckpoint(ModelCheckpoint):
     def save(self, trainer: L.Trainer) -> None:
         """Write ``last.ckpt`` now: on every rank together, at an optimizer-step boundary (for a
         save that another trigger decides, such as SLURM's requeue signal)."""
-        self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+        save_checkpoint_now(self, trainer)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         # The same on every rank (equal batch counts), so no rank skips the time check's broadcast alone.
-        if trainer.fit_loop.epoch_loop.batch_progress.current.processed % trainer.accumulate_grad_batches:
+        if not at_optimizer_step_boundary(trainer):
             return
         # global_step too is the same on every rank: all skip the time check's broadcast together.
-        if self._train_time_interval is not None and trainer.global_step % self.time_check_every_n_steps:
+        if self.train_time_interval is not None and trainer.global_step % self.time_check_every_n_steps:
             return
         super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
 

@@ -166,23 +166,19 @@ def resolve_hydra_interpolations(cfg: DictConfig) -> dict:
     """``cfg`` as plain containers, with each value that interpolates ``${hydra:...}`` resolved and
     every other interpolation kept as written."""
 
-    def convert(node: DictConfig | ListConfig) -> dict | list:
-        keys = list(node.keys()) if isinstance(node, DictConfig) else range(len(node))
-        values = {key: value(node, key) for key in keys}
-        return values if isinstance(node, DictConfig) else list(values.values())
+    def resolve(node: DictConfig | ListConfig, written: dict | list) -> dict | list:
+        """``written`` (``node`` as plain containers, unresolved) with its ``${hydra:...}`` values resolved."""
+        for key in written.keys() if isinstance(written, dict) else range(len(written)):
+            if OmegaConf.is_interpolation(node, key):
+                if "hydra:" in written[key]:
+                    written[key] = node[key]
+            elif isinstance(written[key], dict | list):
+                resolve(node[key], written[key])
+            elif isinstance(written[key], Enum):
+                written[key] = written[key].value
+        return written
 
-    def value(node: DictConfig | ListConfig, key: str | int) -> object:
-        child = node._get_node(key)
-        if child._is_interpolation():
-            return node[key] if "hydra:" in str(child._value()) else child._value()
-        if child._is_none():  # a typed node set to None (a logger not selected) is a DictConfig too
-            return None
-        if isinstance(child, DictConfig | ListConfig):
-            return convert(child)
-        raw = child._value()
-        return raw.value if isinstance(raw, Enum) else raw
-
-    return convert(cfg)
+    return resolve(cfg, OmegaConf.to_container(cfg, resolve=False))
 
 
 def launch(job_file: Path, nproc_per_node: int, rendezvous_timeout: float, shutdown_timeout: float) -> None:

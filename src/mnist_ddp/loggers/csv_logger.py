@@ -28,19 +28,22 @@ class CSVLogger(loggers.CSVLogger):
     def __init__(self, *args, purge_step: int | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.purge_step = purge_step
+        self._rows_kept = False  # whether the writer, built once by Lightning, holds the earlier rows
 
     @property
     @override
     @rank_zero_experiment
     def experiment(self):
-        if self._experiment is not None:
-            return self._experiment
+        if self._rows_kept:
+            return super().experiment
+        # Read before Lightning's writer is built: building it deletes metrics.csv.
         kept = self._rows_before(Path(self.log_dir) / "metrics.csv", self.purge_step)
         with warnings.catch_warnings():
             # "Previous log files in this directory will be deleted": their rows are in ``kept``.
             warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
             experiment = super().experiment
         experiment.metrics[:0] = kept  # written back, under the new header, at the first save
+        self._rows_kept = True
         return experiment
 
     @staticmethod

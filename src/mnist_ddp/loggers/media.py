@@ -16,6 +16,8 @@ from matplotlib.figure import Figure
 from tensorboard.plugins.hparams import plugin_data_pb2
 from torch.utils.tensorboard.summary import hparams
 
+from mnist_ddp.core.compat import tensorboard_file_writer
+
 #: The loggers that take figures and text.
 MEDIA_LOGGERS = (TensorBoardLogger, MLFlowLogger, WandbLogger)
 _skipped_notice_given: set[int] = set()
@@ -107,4 +109,4 @@ def _tensorboard_hparams(
         info.differs = info.name in first
     content.content = data.SerializeToString()
     for summary in (experiment, session_start):  # the experiment (columns) and this session's values
-        logger.experiment._get_file_writer().add_summary(summary)
+        tensorboard_file_writer(logger.experiment).add_summary(summary)

@@ -100,7 +100,7 @@ def tracker_runs(loggers: Mapping[str, Logger]) -> dict[str, dict[str, str]]:
     runs = {}
     for key, logger in loggers.items():
         if isinstance(logger, MLFlowLogger):
-            runs[key] = {"run_id": logger.run_id, "tracking_uri": logger._tracking_uri}
+            runs[key] = {"run_id": logger.run_id, "tracking_uri": logger.experiment.tracking_uri}
         elif isinstance(logger, WandbLogger):
             runs[key] = {"id": logger.experiment.id}
     return runs

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from mnist_ddp.core.compat import saved_loader_states
 from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.data.spec import CHECKPOINT_KEY, DataSpec
 
@@ -180,8 +181,7 @@ class MNISTClassifier(L.LightningModule):
         # for the check there, and restore the random generator state (see on_save_checkpoint).
         saved = [state.get("total_steps") for state in checkpoint.get("lr_schedulers", [])]
         self.resumed_schedule_steps = saved[0] if saved else None
-        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
-        if "combined_loader" not in fit_loop:
+        if saved_loader_states(checkpoint) is None:
             # Checkpoints of versions before mnist_ddp.data.sharding: written at epochs' ends only.
             rank_zero_info(
                 f"The checkpoint holds no position inside an epoch (saved at the end of epoch {checkpoint['epoch']} "

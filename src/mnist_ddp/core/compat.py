@@ -1,0 +1,193 @@
+"""The private APIs of Lightning, torch and OmegaConf that the template relies on: the one module
+that touches them, so that an upgrade that changes one breaks here, and ``tests/unit/test_compat.py``
+names it. No other module uses a private attribute of a library (that test scans ``src/`` for one).
+
+Known to work with torch 2.14.1, lightning 2.6.6, omegaconf 2.3.1 and tensorboard 2.21.0 (read
+with ``pip show``; ``pyproject.toml`` points here). Each private API, and the public one missing:
+
+Lightning
+    - ``_TrainingEpochLoop._broadcast_sigterm_tensor`` (replaced on the instance,
+      :func:`skip_sigterm_broadcast`): no setting turns off the per-step broadcast of the SIGTERM flag.
+    - ``trainer.fit_loop.epoch_loop.batch_progress.current.processed`` and ``.ready``
+      (:func:`epoch_batches_processed`, :func:`epoch_batches_ready`): the loops are private classes;
+      the Trainer exposes no count of the epoch's batches, and a hook's ``batch_idx`` exists only
+      inside the hook.
+    - ``ModelCheckpoint._every_n_epochs`` (written, :func:`also_save_at_epoch_end`): the constructor
+      takes one trigger, and the ``every_n_epochs`` property has no setter.
+    - ``ModelCheckpoint._save_topk_checkpoint`` and ``_monitor_candidates`` (:func:`save_checkpoint_now`):
+      no public method saves a callback's checkpoint outside its own triggers.
+    - ``DDPStrategy._ddp_kwargs`` (:func:`ddp_kwargs`): the ``DistributedDataParallel`` arguments,
+      taken by the constructor, with no accessor.
+    - ``DDPStrategy._setup_model`` and ``_register_ddp_hooks``, overridden by
+      :class:`~mnist_ddp.distributed.strategy.CommHookDDPStrategy` (:data:`PRIVATE_HOOKS`): the only
+      places to change how the model is wrapped and which communication hook is registered.
+    - The checkpoint's ``loops`` -> ``fit_loop`` -> ``state_dict`` -> ``combined_loader``
+      (:func:`saved_loader_states`): where Lightning saves the training loaders' state; its
+      checkpoint format documents the top-level keys only.
+
+torch
+    - ``DistributedDataParallel._get_ddp_logging_data()`` (:func:`ddp_logging_data`): the gradient
+      buckets and the registered communication hook have no public accessor.
+    - ``Backend.Options._timeout`` (:func:`process_group_timeout`): a process group's timeout can be
+      set (``init_process_group(timeout=)``, ``set_timeout``) but not read. The backend itself comes
+      from ``torch.distributed.get_backend_impl`` (public in torch 2.14), on older versions from
+      ``ProcessGroup._get_backend``.
+    - ``torch.utils.tensorboard.SummaryWriter._get_file_writer()`` (:func:`tensorboard_file_writer`):
+      the writer's ``add_*`` methods build their own summaries, none takes a prebuilt one (TensorBoard's
+      HPARAMS summaries); the public ``file_writer`` attribute is None once the writer is closed.
+
+OmegaConf
+    - ``Node._metadata.ref_type`` (:func:`declared_type`): ``OmegaConf.get_type`` gives a value's
+      type, which a node set to null does not have; the type its schema declares has no public API.
+
+Replaced by public APIs: ``OmegaConf.is_interpolation(node, key)`` for ``node._get_node(key)._is_interpolation()``,
+``OmegaConf.to_container(node, resolve=False)`` for ``._value()``, ``node[key]`` for ``._get_node(key)``
+and ``._is_none()`` of a node that is no interpolation, MLflow's ``MlflowClient.tracking_uri`` for
+``MLFlowLogger._tracking_uri``; ``CSVLogger`` and ``LastCheckpoint`` keep what they read of Lightning's
+``_experiment`` and ``_train_time_interval`` themselves.
+
+Lightning and torch are imported inside the functions: the command line is checked before, with Hydra alone.
+"""
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.strategies import DDPStrategy
+    from omegaconf import DictConfig
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.writer import FileWriter
+
+#: The private methods of library classes that the template's subclasses override, by base class
+#: (import path): the subclass must define the method itself. The test checks each one is still
+#: there, with the signature of the override.
+PRIVATE_HOOKS: dict[str, tuple[str, ...]] = {
+    "lightning.pytorch.strategies.DDPStrategy": ("_setup_model", "_register_ddp_hooks"),
+}
+
+
+def epoch_batches_processed(trainer: "L.Trainer") -> int:
+    """The batches of the current training epoch whose training step has run on this rank, those
+    before a resume included (Lightning restores the count from the checkpoint); in
+    ``on_train_batch_end``, the batch that just trained is counted.
+
+    Lightning's ``trainer.fit_loop.epoch_loop.batch_progress.current.processed``.
+    """
+    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
+def epoch_batches_ready(trainer: "L.Trainer") -> int:
+    """The batches of the current training epoch fetched before the one being prepared: that
+    batch's index in the epoch, in ``on_after_batch_transfer`` (Lightning counts a batch once the
+    hook has returned).
+
+    Lightning's ``trainer.fit_loop.epoch_loop.batch_progress.current.ready``.
+    """
+    return trainer.fit_loop.epoch_loop.batch_progress.current.ready
+
+
+def _no_broadcast() -> None:
+    """Stands in for the SIGTERM-flag broadcast (:func:`skip_sigterm_broadcast`)."""
+
+
+def skip_sigterm_broadcast(trainer: "L.Trainer") -> bool:
+    """Stop ``trainer``'s training loop from broadcasting global rank 0's "received SIGTERM" flag
+    before every training step; returns whether the broadcast was found (and skipped).
+
+    For a run whose own handlers take SIGTERM instead of Lightning's (which alone sets the flag):
+    the broadcast then carries nothing and costs a collective per step. Replaces Lightning's
+    ``_TrainingEpochLoop._broadcast_sigterm_tensor`` on the loop instance, which the loop calls
+    through ``self`` at each step.
+    """
+    epoch_loop = trainer.fit_loop.epoch_loop
+    if not hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+        return False
+    epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+    return True
+
+
+def also_save_at_epoch_end(checkpoint: "ModelCheckpoint") -> None:
+    """Have ``checkpoint``, built with a trigger inside epochs (``every_n_train_steps`` or
+    ``train_time_interval``), also save at the end of every epoch.
+
+    ``ModelCheckpoint``'s constructor refuses two triggers and its ``every_n_epochs`` property has
+    no setter: this sets Lightning's ``ModelCheckpoint._every_n_epochs``, which its epoch-end hooks read.
+    """
+    checkpoint._every_n_epochs = 1
+
+
+def save_checkpoint_now(checkpoint: "ModelCheckpoint", trainer: "L.Trainer") -> None:
+    """Save ``checkpoint``'s file now, as its own triggers do: same file name and ``best_model_path``,
+    the previous file replaced, loggers notified. Call it on every rank together.
+
+    ``Trainer.save_checkpoint`` writes a file only, outside the callback's bookkeeping. Lightning's
+    ``ModelCheckpoint._save_topk_checkpoint(trainer, ModelCheckpoint._monitor_candidates(trainer))``.
+    """
+    checkpoint._save_topk_checkpoint(trainer, checkpoint._monitor_candidates(trainer))
+
+
+def ddp_kwargs(strategy: "DDPStrategy") -> dict[str, Any]:
+    """The keyword arguments ``strategy`` builds ``DistributedDataParallel`` with: the dict itself,
+    so that a change before the model is wrapped reaches DDP.
+
+    Lightning's ``DDPStrategy._ddp_kwargs`` (what its constructor did not take for itself).
+    """
+    return strategy._ddp_kwargs
+
+
+def saved_loader_states(checkpoint: dict) -> list | None:
+    """The training dataloaders' states that Lightning saved in ``checkpoint`` (a loaded
+    checkpoint dict), one per loader with a ``state_dict``; None where it holds none.
+
+    Lightning's checkpoint layout: ``checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]``.
+    """
+    return checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader")
+
+
+def ddp_logging_data(ddp: "DistributedDataParallel") -> dict[str, Any]:
+    """DDP's own record of its settings: constructor arguments, ``comm_hook`` (the registered
+    hook's name), ``bucket_sizes`` and, once DDP has rebuilt its buckets (``has_rebuilt_buckets``),
+    ``rebuilt_bucket_sizes`` (each a comma-separated string of bytes), ``has_sync_bn``.
+
+    torch's ``DistributedDataParallel._get_ddp_logging_data()``.
+    """
+    return ddp._get_ddp_logging_data()
+
+
+def process_group_timeout(device: "torch.device") -> timedelta:
+    """The timeout the default process group was built with, for its backend on ``device``.
+
+    torch's ``Backend.Options._timeout``; the backend from ``torch.distributed.get_backend_impl``,
+    or ``ProcessGroup._get_backend`` where torch has no such function (before 2.14).
+    """
+    import torch.distributed as dist
+
+    if hasattr(dist, "get_backend_impl"):
+        backend = dist.get_backend_impl(device=device)
+    else:
+        backend = dist.group.WORLD._get_backend(device)
+    return backend.options._timeout
+
+
+def tensorboard_file_writer(writer: "SummaryWriter") -> "FileWriter":
+    """The file writer of ``writer`` (its event file), opened again if ``writer`` was closed: its
+    ``add_summary`` writes a summary built elsewhere.
+
+    torch's ``SummaryWriter._get_file_writer()``.
+    """
+    return writer._get_file_writer()
+
+
+def declared_type(node: "DictConfig", key: str) -> type | Any | None:
+    """The type that ``node``'s schema declares for ``key`` (``Any`` for an untyped key), also
+    where its value is null; None when ``node`` has no such key.
+
+    OmegaConf's ``node._get_node(key)._metadata.ref_type``.
+    """
+    if key not in node:
+        return None
+    return node._get_node(key)._metadata.ref_type

@@ -1,0 +1,426 @@
+"""The private APIs of the libraries (``mnist_ddp.core.compat``) still behave as the template relies
+on, each asserted on the real object: a ``DistributedDataParallel`` module and a ``Trainer.fit`` over
+one 1-process gloo group, a real TensorBoard event file read back by TensorBoard's reader, an
+OmegaConf schema. A failure names the private API and says that the library changed, so that an
+upgrade shows at once what to mend in ``core/compat.py``. And no module outside ``core/compat.py``
+uses a private attribute of a library (the scan of ``src/``).
+"""
+
+import ast
+import importlib
+import inspect
+import os
+import pkgutil
+import re
+import socket
+import sys
+import textwrap
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import lightning as L
+import pytest
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams, scalar
+
+import mnist_ddp
+from mnist_ddp.core import compat
+from mnist_ddp.distributed.checkpoint_io import at_optimizer_step_boundary
+from mnist_ddp.distributed.strategy import CommHookDDPStrategy
+
+#: The process group's timeout, set when it is built and read back.
+TIMEOUT = timedelta(seconds=1234)
+#: The fit: 4 batches per epoch, 2 epochs, an optimizer step every 2 batches.
+BATCHES, EPOCHS, ACCUMULATE = 4, 2, 2
+#: The bucket size set through the strategy's DDP arguments after it was built.
+BUCKET_CAP_MB = 2
+
+
+def changed(private: str, what: str) -> str:
+    """The message of a failed check: the library's behaviour behind ``private`` changed."""
+    return f"{private}: the library's behaviour changed ({what}); update mnist_ddp/core/compat.py"
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    """A 1-process gloo group on a free port, with :data:`TIMEOUT`; destroyed after the module."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=TIMEOUT)
+    yield
+    dist.destroy_process_group()
+
+
+class StatefulLoader(DataLoader):
+    """A loader with a state, which Lightning saves in its checkpoints."""
+
+    def state_dict(self) -> dict:
+        return {"served": 3}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class Tiny(L.LightningModule):
+    """A linear layer; records the fetched-batch count of each training batch in ``on_after_batch_transfer``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+        self.ready: list[int] = []
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self.trainer.training:
+            self.ready.append(compat.epoch_batches_ready(self.trainer))
+        return batch
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class Recorder(L.Callback):
+    """Records what the compat functions read during the fit; saves ``save_now``'s checkpoint at step 1."""
+
+    def __init__(self, save_now: ModelCheckpoint) -> None:
+        self.save_now = save_now
+        self.batches: list[tuple[int, int, bool, int]] = []  # (batch_idx, processed, boundary, global_step)
+        self.saved_at: int | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.skipped = compat.skip_sigterm_broadcast(trainer)
+        self.ddp = trainer.strategy.model
+        self.logging_data = compat.ddp_logging_data(trainer.strategy.model)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        boundary = at_optimizer_step_boundary(trainer)
+        self.batches.append((batch_idx, compat.epoch_batches_processed(trainer), boundary, trainer.global_step))
+        if boundary and self.saved_at is None:
+            compat.save_checkpoint_now(self.save_now, trainer)
+            self.saved_at = trainer.global_step
+
+
+@dataclass
+class Fit:
+    trainer: L.Trainer
+    module: Tiny
+    recorder: Recorder
+    epoch_end: ModelCheckpoint
+    save_now: ModelCheckpoint
+    hook_calls: dict[str, int]
+
+
+@pytest.fixture(scope="module")
+def fit(process_group, tmp_path_factory) -> Fit:
+    """A real ``Trainer.fit`` on CPU with the template's DDP strategy over the module's gloo group."""
+    root = tmp_path_factory.mktemp("fit")
+    epoch_end = ModelCheckpoint(dirpath=root / "epochs", filename="{epoch}", save_top_k=-1, every_n_train_steps=1000)
+    compat.also_save_at_epoch_end(epoch_end)
+    save_now = ModelCheckpoint(dirpath=root / "now", filename="now", every_n_train_steps=999)
+    recorder = Recorder(save_now)
+    strategy = CommHookDDPStrategy(comm_hook="fp16")  # Lightning's own registers no hook on CPU
+    compat.ddp_kwargs(strategy)["bucket_cap_mb"] = BUCKET_CAP_MB
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, strategy=strategy, max_epochs=EPOCHS, accumulate_grad_batches=ACCUMULATE,
+        callbacks=[recorder, epoch_end, save_now], logger=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, use_distributed_sampler=False, default_root_dir=root,
+    )  # fmt: skip
+    module = Tiny()
+    loader = StatefulLoader(TensorDataset(torch.randn(2 * BATCHES, 4)), batch_size=2)
+    hooks = {name: getattr(CommHookDDPStrategy, name) for name in ("_setup_model", "_register_ddp_hooks")}
+    environ = dict(os.environ)  # Lightning's launcher exports the rendezvous variables into this process
+    try:
+        with (
+            mock.patch.object(
+                CommHookDDPStrategy, "_setup_model", autospec=True, side_effect=hooks["_setup_model"]
+            ) as setup_model,
+            mock.patch.object(
+                CommHookDDPStrategy, "_register_ddp_hooks", autospec=True, side_effect=hooks["_register_ddp_hooks"]
+            ) as register_hooks,
+        ):
+            trainer.fit(module, train_dataloaders=loader)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+    calls = {"_setup_model": setup_model.call_count, "_register_ddp_hooks": register_hooks.call_count}
+    return Fit(trainer, module, recorder, epoch_end, save_now, calls)
+
+
+# --- Lightning ------------------------------------------------------------------------------------
+
+
+def test_the_epoch_loops_batch_counters_count_the_epochs_batches(fit):
+    private = "trainer.fit_loop.epoch_loop.batch_progress.current"
+    expected = list(range(BATCHES)) * EPOCHS
+    assert fit.module.ready == expected, changed(f"{private}.ready", "not the batch's index in on_after_batch_transfer")
+    processed = [entry[1] for entry in fit.recorder.batches]
+    assert processed == [index + 1 for index in expected], changed(
+        f"{private}.processed", "not the epoch's trained batches, this one counted, in on_train_batch_end"
+    )
+    # The boundary built on it is where Lightning's optimizer steps: global_step advanced at that batch.
+    steps = [0] + [entry[3] for entry in fit.recorder.batches]
+    stepped = [after > before for before, after in zip(steps, steps[1:])]
+    assert [entry[2] for entry in fit.recorder.batches] == stepped, changed(
+        f"{private}.processed", "its count modulo accumulate_grad_batches is not where the optimizer steps"
+    )
+
+
+def test_the_sigterm_flag_broadcast_is_a_per_step_method_of_the_epoch_loop(fit):
+    private = "_TrainingEpochLoop._broadcast_sigterm_tensor"
+    loop = fit.trainer.fit_loop.epoch_loop
+    method = getattr(type(loop), "_broadcast_sigterm_tensor", None)
+    assert method is not None and fit.recorder.skipped, changed(private, "gone")
+    assert list(inspect.signature(method).parameters) == ["self"], changed(private, "it takes arguments")
+    assert "self._broadcast_sigterm_tensor()" in inspect.getsource(type(loop).advance), changed(
+        private, "the loop's advance() no longer calls it through the instance at each step"
+    )
+    with mock.patch("torch.distributed.broadcast", wraps=dist.broadcast) as broadcast:
+        method(loop)
+        assert broadcast.call_count == 1, changed(private, "it does not broadcast the flag")
+        loop._broadcast_sigterm_tensor()  # the instance's, replaced by skip_sigterm_broadcast
+        assert broadcast.call_count == 1, changed(private, "replacing it on the instance does not skip it")
+
+
+def test_a_model_checkpoint_with_a_step_trigger_also_saves_at_each_epochs_end(fit):
+    saved = sorted(path.name for path in Path(fit.epoch_end.dirpath).iterdir())
+    assert saved == [f"epoch={epoch}.ckpt" for epoch in range(EPOCHS)], changed(
+        "ModelCheckpoint._every_n_epochs", f"set to 1 after the constructor, the epoch ends saved {saved}"
+    )
+
+
+def test_a_model_checkpoint_saves_now_when_asked(fit):
+    private = "ModelCheckpoint._save_topk_checkpoint(trainer, ModelCheckpoint._monitor_candidates(trainer))"
+    path = Path(fit.save_now.dirpath) / "now.ckpt"
+    assert fit.recorder.saved_at == 1 and path.is_file(), changed(private, f"no {path} written")
+    assert fit.save_now.best_model_path == str(path), changed(private, "best_model_path is not the file saved")
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    assert saved["global_step"] == fit.recorder.saved_at, changed(private, "the file is not the state at the call")
+
+
+def test_lightning_saves_the_training_loaders_state_where_compat_reads_it(fit):
+    private = 'checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]'
+    checkpoint = torch.load(Path(fit.epoch_end.dirpath) / "epoch=0.ckpt", map_location="cpu", weights_only=True)
+    assert compat.saved_loader_states(checkpoint) == [{"served": 3}], changed(
+        private, "the loader's state is not there"
+    )
+    assert compat.saved_loader_states({"state_dict": {}}) is None
+
+
+def test_ddp_is_built_from_the_strategys_ddp_kwargs(fit):
+    assert isinstance(fit.recorder.ddp, DistributedDataParallel)
+    assert fit.recorder.ddp.bucket_bytes_cap == BUCKET_CAP_MB * 2**20, changed(
+        "DDPStrategy._ddp_kwargs", "a change made after the constructor does not reach DistributedDataParallel"
+    )
+
+
+def template_classes() -> list[type]:
+    """Every class defined in the package's modules."""
+    found = []
+    for info in pkgutil.walk_packages(mnist_ddp.__path__, "mnist_ddp."):
+        module = importlib.import_module(info.name)
+        found += [value for value in vars(module).values() if isinstance(value, type) and value.__module__ == info.name]
+    return found
+
+
+def parameters(function: Any) -> list[tuple[str, Any]]:
+    return [(parameter.name, parameter.kind) for parameter in inspect.signature(function).parameters.values()]
+
+
+def test_the_private_hooks_the_template_overrides_are_still_called_with_the_overrides_signature(fit):
+    classes = template_classes()
+    for base_path, names in compat.PRIVATE_HOOKS.items():
+        module, _, name = base_path.rpartition(".")
+        base = getattr(importlib.import_module(module), name)
+        for hook in names:
+            private = f"{base_path}.{hook}"
+            assert callable(getattr(base, hook, None)), changed(private, "gone")
+            overrides = [cls for cls in classes if issubclass(cls, base) and hook in vars(cls)]
+            assert overrides, f"{private} is listed in compat.PRIVATE_HOOKS, and no class of the template overrides it"
+            for cls in overrides:
+                assert parameters(getattr(cls, hook)) == parameters(getattr(base, hook)), changed(
+                    private, f"its signature is now {inspect.signature(getattr(base, hook))}, {cls.__name__}'s is not"
+                )
+    # Lightning calls them while it fits, once each; the hook registered on CPU shows the override ran.
+    assert fit.hook_calls == {"_setup_model": 1, "_register_ddp_hooks": 1}, changed(
+        "DDPStrategy._setup_model, _register_ddp_hooks", f"called {fit.hook_calls} times in a fit"
+    )
+    assert fit.recorder.logging_data.get("comm_hook") == "fp16_compress_hook"
+
+
+# --- torch ----------------------------------------------------------------------------------------
+
+
+def test_ddp_logging_data_holds_what_the_ddp_report_reads(process_group):
+    private = "DistributedDataParallel._get_ddp_logging_data()"
+    # The sizes as the DDP report parses them: comma-separated bytes, summing to the parameters.
+    model = nn.Sequential(nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 2))
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
+    ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    data = compat.ddp_logging_data(ddp)
+    assert data.get("comm_hook") == "fp16_compress_hook", changed(private, "no comm_hook, the hook's name")
+    assert "has_sync_bn" in data and not data["has_sync_bn"], changed(private, "no has_sync_bn")
+    parameter_bytes = sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
+
+    def bucket_sizes(key: str, at_least: int) -> list[int]:
+        sizes = [int(size) for size in str(data.get(key)).split(",")]  # as the DDP report parses them
+        assert len(sizes) >= at_least and sum(sizes) == parameter_bytes, changed(private, f"{key} is {data.get(key)!r}")
+        return sizes
+
+    bucket_sizes("bucket_sizes", at_least=1)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    for _ in range(3):  # DDP rebuilds its buckets at the second forward; the record follows a step later
+        ddp(torch.randn(8, 1024)).sum().backward()
+        optimizer.step()
+        data = compat.ddp_logging_data(ddp)
+    assert data.get("has_rebuilt_buckets"), changed(private, "has_rebuilt_buckets not set after the rebuild")
+    bucket_sizes("rebuilt_bucket_sizes", at_least=1)
+
+
+def test_the_process_group_timeout_is_read_back(process_group):
+    assert compat.process_group_timeout(torch.device("cpu")) == TIMEOUT, changed(
+        "Backend.Options._timeout", "not the timeout the process group was built with"
+    )
+
+
+def test_a_summary_written_through_the_tensorboard_file_writer_is_read_back(tmp_path):
+    private = "SummaryWriter._get_file_writer()"
+    writer = SummaryWriter(str(tmp_path))
+    writer.close()  # closed, as Lightning's logger closes it at the end of a stage: reopened
+    experiment, session_start, _ = hparams({"lr": 0.1}, {"val/acc": 0.0})
+    for summary in (experiment, session_start, scalar("loss", 0.5)):
+        compat.tensorboard_file_writer(writer).add_summary(summary, global_step=3)
+    writer.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(point.step, point.value) for point in events.Scalars("loss")] == [(3, 0.5)], changed(private, "no scalar")
+    assert set(events.PluginTagToContent("hparams")) == {"_hparams_/experiment", "_hparams_/session_start_info"}, (
+        changed(private, "TensorBoard does not read back the HPARAMS summaries")
+    )
+
+
+# --- OmegaConf ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tracker:
+    uri: str = "x"
+
+
+@dataclass
+class Schema:
+    tracker: Tracker | None = None
+    untyped: Any = None
+
+
+def test_the_declared_type_of_a_null_node_is_its_schemas():
+    cfg = OmegaConf.structured(Schema)
+    assert compat.declared_type(cfg, "tracker") is Tracker, changed("Node._metadata.ref_type", "not the schema's type")
+    assert compat.declared_type(cfg, "untyped") is Any and compat.declared_type(cfg, "absent") is None
+
+
+# --- the fence ------------------------------------------------------------------------------------
+
+PACKAGE = Path(mnist_ddp.__file__).parent
+#: Private names that are not a library's private API: os's, and Hydra's documented ``_target_`` key.
+ALLOWED = {("os", "_exit"), ("os", "_Environ"), (None, "_target_")}
+#: Attributes of Lightning's private loop classes, reached through public-looking names.
+LOOP_INTERNALS = {"epoch_loop", "batch_progress"}
+#: The key of Lightning's checkpoint layout that only compat may read.
+CHECKPOINT_INTERNALS = {"combined_loader"}
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")
+
+
+def hook_names() -> set[str]:
+    return {name for names in compat.PRIVATE_HOOKS.values() for name in names}
+
+
+def private_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, what)`` of each use of a private API in ``tree``, outside ``self`` and ``cls``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            receiver = node.value
+            owner = receiver.id if isinstance(receiver, ast.Name) else None
+            is_super = isinstance(receiver, ast.Call) and getattr(receiver.func, "id", None) == "super"
+            if node.attr in LOOP_INTERNALS:
+                found.append((node.lineno, f".{node.attr} (Lightning's loops)"))
+            elif not private(node.attr) or owner in ("self", "cls"):
+                continue
+            elif is_super and node.attr in hook_names():
+                continue  # an override of compat.PRIVATE_HOOKS calling the base's
+            elif (owner, node.attr) not in ALLOWED and (None, node.attr) not in ALLOWED:
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "setattr", "hasattr"):
+            if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and private(str(node.args[1].value)):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Constant) and node.value in CHECKPOINT_INTERNALS:
+            found.append((node.lineno, repr(node.value)))
+    return found
+
+
+def test_no_module_outside_compat_uses_a_private_api():
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {what}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != PACKAGE / "core" / "compat.py"
+        for line, what in private_uses(ast.parse(path.read_text()))
+    ]
+    assert not found, "private APIs used outside mnist_ddp/core/compat.py (add a function there):\n" + "\n".join(found)
+
+
+def test_the_scan_finds_a_private_use():
+    planted = (
+        "def f(trainer, node):\n    trainer.fit_loop.epoch_loop.x\n    node._get_node('a')\n    getattr(node, '_x')\n"
+    )
+    assert sorted(line for line, _ in private_uses(ast.parse(planted))) == [2, 3, 4]
+    allowed = "import os\ndef f(self, cfg):\n    os._exit(1)\n    cfg._target_\n    self._own = 1\n"
+    assert private_uses(ast.parse(allowed)) == []
+
+
+def library_names(base: type) -> set[str]:
+    """The private names a library class has: its attributes, and the ``self._x`` in its source."""
+    names = {name for name in dir(base) if private(name)}
+    try:
+        names |= set(re.findall(r"self\.(_\w+)", inspect.getsource(base)))
+    except (OSError, TypeError):  # compiled
+        pass
+    return names
+
+
+def library(cls: type) -> bool:
+    root = cls.__module__.partition(".")[0]
+    return root not in ("mnist_ddp", "builtins") and root not in sys.stdlib_module_names
+
+
+def test_subclasses_of_library_classes_touch_no_private_name_of_theirs():
+    found = []
+    for cls in template_classes():
+        taken = set().union(*(library_names(base) for base in cls.__mro__[1:] if library(base))) - hook_names()
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.Attribute):
+                name = node.name if isinstance(node, ast.FunctionDef) else node.attr
+                if name in taken:
+                    found.append(f"{cls.__module__}.{cls.__qualname__}: {name} (line {node.lineno} of the class)")
+    assert not found, (
+        "private names of a library's base class, used or overridden by a subclass (go through "
+        "mnist_ddp/core/compat.py, or list an overridden hook in compat.PRIVATE_HOOKS):\n" + "\n".join(found)
+    )
