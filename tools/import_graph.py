@@ -11,11 +11,11 @@ the package is run.
 
 import argparse
 import sys
-import tomllib
 from collections import defaultdict
 from pathlib import Path
 
 import grimp
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
