@@ -24,7 +24,8 @@ The file is written under a temporary name beside its final path, loaded back (o
 ONNX, ``torch.export.load``) and run on :data:`CHECK_IMAGES` of the data set's test images; only when
 its logits equal the LightningModule's on them within :data:`TOLERANCE` is it given its name, and
 never over an existing file (:func:`mnist_ddp.core.files.atomic_path`). A run directory
-(``logs/exports/<stamp>/``) keeps the command's config, its log and ``metrics.json`` (the file, the format, the difference found).
+(``logs/exports/<stamp>/``) keeps the command's config, its log and ``metrics.json`` (the file,
+the format, the difference found).
 """
 
 import importlib.util
