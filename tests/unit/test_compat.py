@@ -26,6 +26,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import Logger
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
@@ -219,6 +220,53 @@ def test_lightning_saves_the_training_loaders_state_where_compat_reads_it(fit):
         private, "the loader's state is not there"
     )
     assert compat.saved_loader_states({"state_dict": {}}) is None
+
+
+class StepLogger(Logger):
+    """A logger that keeps the ``train/x`` values Lightning writes to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[float] = []
+
+    name, version = "steps", 0
+
+    def log_hyperparams(self, params: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if "train/x" in metrics:
+            self.written.append(metrics["train/x"])
+
+
+class LogsEveryStep(L.LightningModule):
+    """Logs its batch number as ``train/x`` at every step, and records whether compat said it is written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+        self.said: list[bool] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.said.append(compat.logs_this_step(self.trainer))
+        self.log("train/x", float(batch_idx), on_step=True, on_epoch=False)
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_the_steps_whose_logged_values_are_written_are_those_compat_names(tmp_path):
+    private = "trainer._logger_connector.should_update_logs"
+    logger, module = StepLogger(), LogsEveryStep()
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, log_every_n_steps=3, logger=logger, enable_progress_bar=False,
+        enable_checkpointing=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(torch.randn(10, 4)), batch_size=1))
+    assert module.said == [step % 3 == 2 for step in range(10)], changed(private, "not every log_every_n_steps")
+    said = [float(step) for step, written in enumerate(module.said) if written]
+    assert logger.written == said, changed(private, f"values written at steps {logger.written}, not {said}")
 
 
 def test_ddp_is_built_from_the_strategys_ddp_kwargs(fit):

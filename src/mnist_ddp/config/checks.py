@@ -49,6 +49,7 @@ from mnist_ddp.distributed.layout import (
 from mnist_ddp.launch.supervisor import check_rendezvous_address
 from mnist_ddp.loggers.trackers import check_tracker_packages
 from mnist_ddp.models.build import build_model
+from mnist_ddp.models.optimization import build_lr_scheduler
 from mnist_ddp.run.export import check_exporter, check_output, output_path
 
 #: The entry points that apply a training run's checkpoint instead of training, with what each
@@ -123,7 +124,7 @@ def check_model(
     except InstantiationException as error:
         raise _one_line("model", model_cfg, error) from None
     if config_name not in CHECKPOINT_USES:
-        check_schedule(cfg.trainer, model, model_cfg.optimizer)
+        check_schedule(cfg.trainer, model, model_cfg)
     return model
 
 
@@ -327,11 +328,11 @@ def check_export_job(cfg: DictConfig) -> L.LightningDataModule:
     return built["data"]
 
 
-def check_schedule(trainer: DictConfig, model: L.LightningModule, optimizer: DictConfig) -> None:
-    """Refuse a run that would train nothing, and build ``model``'s optimizer and scheduler once, as
-    ``configure_optimizers`` will in every process, so that the values torch refuses (a negative
-    learning rate) are one line here instead of an error in every process after they started.
-    ``optimizer`` is the ``model.optimizer`` node, whose values the message shows.
+def check_schedule(trainer: DictConfig, model: L.LightningModule, model_cfg: DictConfig) -> None:
+    """Refuse a run that would train nothing, and build the optimizer over ``model``'s parameters and
+    its scheduler once from ``model_cfg`` (the ``model`` node), as ``configure_optimizers`` will in
+    every process, so that the values torch refuses (a negative learning rate) are one line here
+    instead of an error in every process after they started.
 
     Raises:
         ConfigValueError: naming the key and torch's reason.
@@ -340,14 +341,17 @@ def check_schedule(trainer: DictConfig, model: L.LightningModule, optimizer: Dic
         raise ConfigValueError(
             f"trainer.max_epochs={trainer.max_epochs} trains nothing: set at least 1 (or -1 with trainer.max_steps)."
         )
+    # The partials were built with the model (build_model), so only torch's own checks can fail here.
     try:
-        built = model.build_optimizer()
+        optimizer = instantiate(model_cfg.optimizer)(params=model.parameters())
     except (ValueError, TypeError) as error:
         # torch names the argument in its own words ("Invalid learning rate: -1"): show the keys too.
-        given = ", ".join(f"model.optimizer.{key}={value}" for key, value in optimizer.items() if key[0] != "_")
+        arguments = model_cfg.optimizer.items()
+        given = ", ".join(f"model.optimizer.{key}={value}" for key, value in arguments if key[0] != "_")
         raise ConfigValueError(f"model.optimizer: {error} (its arguments: {given}).") from None
     try:
-        model.build_scheduler(built, total_steps=1)  # the run's step count is known only once it runs
+        scheduler = instantiate(model_cfg.scheduler) if model_cfg.scheduler is not None else None
+        build_lr_scheduler(scheduler, optimizer, total_steps=1)  # the run's step count is known only once it runs
     except (ValueError, TypeError) as error:
         raise ConfigValueError(f"model.scheduler: {error}") from None
 

@@ -12,6 +12,9 @@ Lightning
       (:func:`epoch_batches_processed`, :func:`epoch_batches_ready`): the loops are private classes;
       the Trainer exposes no count of the epoch's batches, and a hook's ``batch_idx`` exists only
       inside the hook.
+    - ``trainer._logger_connector.should_update_logs`` (:func:`logs_this_step`): whether the values a
+      training step logs ``on_step`` reach the loggers; the Trainer has no public accessor, and a
+      value logged at another step is computed for nothing.
     - ``ModelCheckpoint._every_n_epochs`` (written, :func:`also_save_at_epoch_end`): the constructor
       takes one trigger, and the ``every_n_epochs`` property has no setter.
     - ``ModelCheckpoint._save_topk_checkpoint`` and ``_monitor_candidates`` (:func:`save_checkpoint_now`):
@@ -88,6 +91,16 @@ def epoch_batches_ready(trainer: "L.Trainer") -> int:
     Lightning's ``trainer.fit_loop.epoch_loop.batch_progress.current.ready``.
     """
     return trainer.fit_loop.epoch_loop.batch_progress.current.ready
+
+
+def logs_this_step(trainer: "L.Trainer") -> bool:
+    """Whether the values logged with ``on_step=True`` in this training step are written to the
+    loggers: every ``trainer.log_every_n_steps`` optimizer steps (all micro-batches of that step),
+    and at a stop; never with ``log_every_n_steps=0``.
+
+    Lightning's ``trainer._logger_connector.should_update_logs``, the rule its logger connector applies.
+    """
+    return trainer._logger_connector.should_update_logs
 
 
 def _no_broadcast() -> None:

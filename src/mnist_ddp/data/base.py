@@ -50,8 +50,8 @@ class GatherDataset(TensorDataset):
         """``indices``: the batch's ``B`` sample indices -> each tensor's rows at them, ``(B, ...)``."""
         index = torch.as_tensor(indices, dtype=torch.int64, device=self.tensors[0].device)
         # index_select, not tensor[index]: the same rows, but advanced indexing splits a batch's
-        # gather over torch's threads and waits for the slowest; on 2 busy CPU cores one batch of 32
-        # took 6.4 ms that way, 3-13 us this way (python -m benchmarks.pipeline under load).
+        # gather over torch's threads and waits for the slowest, milliseconds per batch on busy cores
+        # instead of microseconds (python -m benchmarks.pipeline; the figures are in the CHANGELOG).
         return tuple(tensor.index_select(0, index) for tensor in self.tensors)
 
     def with_indices(self) -> "GatherDataset":

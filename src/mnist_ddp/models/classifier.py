@@ -4,20 +4,18 @@ Every DDP process builds the same module; Lightning wraps it in DistributedDataP
 averages gradients over the process group with AllReduce before each optimizer step.
 """
 
-import inspect
 from collections.abc import Callable, Mapping
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from mnist_ddp.core.compat import saved_loader_states
-from mnist_ddp.core.errors import ConfigValueError
+from mnist_ddp.core.compat import logs_this_step
 from mnist_ddp.data.spec import CHECKPOINT_KEY, DataSpec
+from mnist_ddp.models.optimization import build_lr_scheduler, needs_total_steps
 
 
 class MNISTClassifier(L.LightningModule):
@@ -67,45 +65,11 @@ class MNISTClassifier(L.LightningModule):
         self.scheduler_factory = scheduler
         self.scheduler_interval = scheduler_interval
         self.compile_net = compile
-        # Optimizer steps of the schedule in the checkpoint fit resumes from (set by on_load_checkpoint).
-        self.resumed_schedule_steps: int | None = None
         self.data_spec = data_spec if isinstance(data_spec, DataSpec) else DataSpec.from_dict(data_spec)
         self.val_acc = MulticlassAccuracy(self.data_spec.num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(self.data_spec.num_classes, average="micro")
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
-
-    def build_optimizer(self) -> torch.optim.Optimizer:
-        """The optimizer over this module's parameters (``model.optimizer``).
-
-        Raises:
-            ValueError, TypeError: as torch's optimizer refuses its arguments (a negative learning
-                rate: ``Invalid learning rate: -0.1``).
-        """
-        return self.optimizer_factory(params=self.parameters())
-
-    @property
-    def schedule_needs_total_steps(self) -> bool:
-        """Whether the scheduler takes ``total_steps`` (``OneCycleLR``) and the config leaves it to the run."""
-        if self.scheduler_factory is None:
-            return False
-        bound = getattr(self.scheduler_factory, "keywords", {})
-        return "total_steps" in inspect.signature(self.scheduler_factory).parameters and "total_steps" not in bound
-
-    def build_scheduler(
-        self, optimizer: torch.optim.Optimizer, total_steps: int | None
-    ) -> torch.optim.lr_scheduler.LRScheduler:
-        """The learning-rate scheduler of ``optimizer`` (``model.scheduler``; a constant one when
-        None, so that LearningRateMonitor logs the rate as train/lr either way). ``total_steps``:
-        the run's optimizer steps, used when :attr:`schedule_needs_total_steps`.
-
-        Raises:
-            ValueError, TypeError: as torch's scheduler refuses its arguments.
-        """
-        if self.scheduler_factory is None:
-            return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
-        kwargs = {"total_steps": total_steps} if self.schedule_needs_total_steps else {}
-        return self.scheduler_factory(optimizer=optimizer, **kwargs)
 
     def configure_model(self) -> None:
         # Called by Lightning in every process before DDP wraps the module.
@@ -122,22 +86,13 @@ class MNISTClassifier(L.LightningModule):
         # The accuracy of this one micro-batch, as a plain tensor op: a torchmetrics Metric would
         # keep and merge state on every step for a value that is never accumulated. Per-step values
         # stay local to each rank: syncing them would add an AllReduce to every step.
-        if self._train_step_metrics_written():
+        # Computed only at the steps whose values Lightning writes (every trainer.log_every_n_steps):
+        # at the others it would be dropped, after costing a measurable share of a small model's step.
+        if logs_this_step(self.trainer):
             accuracy = (logits.detach().argmax(dim=1) == labels).float().mean()
             metrics = {"train/loss": loss.detach(), "train/acc": accuracy}
             self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=True)
         return loss
-
-    def _train_step_metrics_written(self) -> bool:
-        """Whether Lightning writes this step's on-step values to the loggers: every
-        ``trainer.log_every_n_steps`` optimizer steps, at a stop, and in ``fast_dev_run`` (the rule of
-        its ``LoggerConnector.should_update_logs``). A value logged at any other step is dropped, and
-        logging it costs a sixth of a small model's step (``benchmarks/per_step.py``); the progress
-        bar shows the last written values."""
-        trainer = self.trainer
-        every = trainer.log_every_n_steps
-        due = every > 0 and (trainer.global_step + 1) % every == 0
-        return due or trainer.should_stop or bool(trainer.fast_dev_run)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, self.val_loss, self.val_acc, "val")
@@ -168,51 +123,12 @@ class MNISTClassifier(L.LightningModule):
         return logits.argmax(dim=1)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # Every replica is seeded alike and draws the same number of random numbers (dropout
-        # masks of equal shapes), so rank 0's generator state is every rank's. Restored on resume,
-        # it makes the resumed run draw the masks the uninterrupted run would have drawn.
-        checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
         checkpoint[CHECKPOINT_KEY] = self.data_spec.to_dict()
-        if self.device.type == "cuda":
-            checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state(self.device)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # Called before configure_optimizers when fit resumes: keep the schedule's saved length
-        # for the check there, and restore the random generator state (see on_save_checkpoint).
-        saved = [state.get("total_steps") for state in checkpoint.get("lr_schedulers", [])]
-        self.resumed_schedule_steps = saved[0] if saved else None
-        if saved_loader_states(checkpoint) is None:
-            # Checkpoints of versions before mnist_ddp.data.sharding: written at epochs' ends only.
-            rank_zero_info(
-                f"The checkpoint holds no position inside an epoch (saved at the end of epoch {checkpoint['epoch']} "
-                "by an earlier version): training resumes at the start of the next epoch."
-            )
-        rng = checkpoint.get("rng_state", {})
-        if "torch" in rng:
-            torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and self.device.type == "cuda":
-            torch.cuda.set_rng_state(rng["cuda"], self.device)
-
-    def _check_resumed_schedule(self, total_steps: int) -> None:
-        """Raises ConfigValueError when resuming a schedule of another length: a one-cycle schedule
-        cannot be extended, so trainer.max_epochs, the batch size and the process count must stay."""
-        saved = self.resumed_schedule_steps
-        if saved is not None and saved != total_steps:
-            raise ConfigValueError(
-                f"ckpt_path: the checkpoint's learning-rate schedule spans {saved} optimizer steps, this run "
-                f"{total_steps}. Resume with the original run's trainer.max_epochs, trainer.max_steps, "
-                "trainer.limit_train_batches, data.global_batch_size and trainer.accumulate_grad_batches (its "
-                ".hydra/overrides.yaml), or resume in place (hydra.run.dir=<run> ckpt_path=last), which keeps them. "
-                "A one-cycle schedule cannot be lengthened: to train for longer, start a new run with more epochs."
-            )
 
     def configure_optimizers(self) -> dict:
-        optimizer = self.build_optimizer()
-        total_steps = None
-        if self.schedule_needs_total_steps:
-            total_steps = self.trainer.estimated_stepping_batches
-            self._check_resumed_schedule(total_steps)
-        scheduler = self.build_scheduler(optimizer, total_steps)
+        optimizer = self.optimizer_factory(params=self.parameters())
+        total_steps = self.trainer.estimated_stepping_batches if needs_total_steps(self.scheduler_factory) else None
+        scheduler = build_lr_scheduler(self.scheduler_factory, optimizer, total_steps)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval, "name": "train/lr"},

@@ -9,6 +9,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
+from mnist_ddp.callbacks.exact_resume import ExactResume
 from mnist_ddp.core.environment import launcher_restarts
 from mnist_ddp.distributed.layout import (
     data_parallel_layout,
@@ -28,7 +29,9 @@ def build_trainer(
     built already (:func:`mnist_ddp.loggers.trackers.build_loggers`), else built here from
     ``cfg.logger`` as for a new run (default); with no logger (``logger=[]``) the learning rate
     monitor is left out. With ``trainer.enable_progress_bar=false`` the progress bar callback is
-    left out. With ``evaluation`` (default False) the Trainer only evaluates: the global batch need not split
+    left out. A training Trainer also gets :class:`~mnist_ddp.callbacks.exact_resume.ExactResume`,
+    first, so that a refused resume stops before any other callback's ``on_fit_start`` writes. With
+    ``evaluation`` (default False) the Trainer only evaluates: the global batch need not split
     evenly over the processes (:func:`~mnist_ddp.distributed.layout.per_device_eval_batch_size`).
 
     Nothing is launched here: the DDP processes start in ``trainer.fit`` / ``trainer.test``.
@@ -46,6 +49,8 @@ def build_trainer(
     """
     accelerator, devices = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
     callbacks = [*(instantiate(callback) for callback in cfg.get("callbacks", {}).values()), *extra_callbacks]
+    if not evaluation:
+        callbacks.insert(0, ExactResume())
     if not cfg.trainer.enable_progress_bar:
         # Lightning refuses a progress bar callback beside enable_progress_bar=False; the flag wins.
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
