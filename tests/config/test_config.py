@@ -5,7 +5,7 @@ import re
 
 import lightning as L
 import pytest
-from conftest import IDX_DATA
+from helpers import IDX_DATA
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate

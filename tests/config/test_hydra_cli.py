@@ -6,11 +6,10 @@ import json
 import re
 from pathlib import Path
 
-from conftest import only, ranks_in_log, read_scalars, run_cli
+from helpers import only, processes_mentioning, ranks_in_log, read_scalars, run_cli
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
-from test_ddp_failures import processes_mentioning
 
 # 2 gloo processes, 1,000 synthetic training images, 200 for validation.
 BASE = ("trainer.accelerator=cpu", "trainer.devices=2", "data.val_size=200", "data.global_batch_size=64")

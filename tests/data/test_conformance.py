@@ -8,8 +8,8 @@ the first world size that fails.
 
 import pytest
 import torch
-from conftest import make_image_folder
 from custom_datamodules import DUPLICATES, TensorDataModule
+from helpers import make_image_folder
 
 from mnist_ddp.core.errors import UsageError
 from mnist_ddp.data.conformance import ConformanceError, check_conformance, sample_ids

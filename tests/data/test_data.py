@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import assert_synthetic_files_in_place, copy_data, write_idx
+from helpers import assert_synthetic_files_in_place, copy_data, write_idx
 from torchvision.datasets import MNIST
 
 from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError

@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import IDX_DATA, REPO, fit_and_test_in_process, write_idx
+from helpers import IDX_DATA, REPO, fit_and_test_in_process, write_idx
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf

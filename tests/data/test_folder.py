@@ -19,7 +19,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import make_image_folder, run_cli
+from helpers import make_image_folder, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from PIL import Image

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import make_image_folder, only, run_cli
+from helpers import make_image_folder, only, run_cli
 from omegaconf import OmegaConf
 
 from mnist_ddp.data.images import decode_image_file

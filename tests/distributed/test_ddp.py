@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import (
+from helpers import (
     DETERMINISTIC,
     GLOBAL_BATCH,
     REPO,

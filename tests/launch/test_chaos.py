@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, cli_command, cli_env, make_synthetic_mnist
-from test_ddp_failures import processes_mentioning
+from helpers import REPO, cli_command, cli_env, make_synthetic_mnist, processes_mentioning
 
 # 600 - 200 = 400 training images in global batches of 48 (24 per process at 2, 16 at 3): 9
 # optimizer steps per epoch (the last one short); 2 epochs, so that a fault in epoch 1 finds

@@ -4,11 +4,10 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, cli_command, cli_env, read_scalars, run_cli
+from helpers import REPO, cli_command, cli_env, processes_mentioning, read_scalars, run_cli
 
 from mnist_ddp.distributed.checkpoint_io import AtomicCheckpointIO
 
@@ -19,20 +18,6 @@ QUICK = (
     "data.val_size=200",
     "data.global_batch_size=64",
 )
-
-
-def processes_mentioning(text: str) -> list[str]:
-    """``<pid> <command line>`` of each live process whose command line contains ``text`` (read
-    from /proc; a zombie's command line is empty, so ended processes are not listed)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            command = cmdline.read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in command:
-            found.append(f"{cmdline.parent.name} {command}")
-    return found
 
 
 def test_a_stalled_rank_is_named_by_every_ranks_stack(synthetic_data_dir, tmp_path):

@@ -18,9 +18,8 @@ import time
 
 import pytest
 import torch
-from conftest import REPO, cli_command, cli_env, read_scalars, run_cli
+from helpers import REPO, cli_command, cli_env, processes_mentioning, read_scalars, run_cli
 from mlflow.tracking import MlflowClient
-from test_ddp_failures import processes_mentioning
 
 # 1,000 training images over 2 processes in micro-batches of 32: 16 optimizer steps per epoch.
 RUN = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=4", "data.val_size=200",

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import torch
-from conftest import REPO, read_scalars, simulated_slurm, torchrun
+from helpers import REPO, read_scalars, simulated_slurm, torchrun
 
 # 1,000 training images, 500 per rank in micro-batches of 32: 16 optimizer steps per epoch.
 SMALL = ("trainer.accelerator=cpu", "data.val_size=200", "data.global_batch_size=64")

@@ -5,7 +5,7 @@ with the CNN)."""
 
 import pytest
 import torch
-from conftest import IDX_DATA, fit_and_test_in_process
+from helpers import IDX_DATA, fit_and_test_in_process
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 

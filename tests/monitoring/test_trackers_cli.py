@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import only, run_cli
+from helpers import only, run_cli
 from PIL import Image
 from wandb.proto import wandb_internal_pb2
 

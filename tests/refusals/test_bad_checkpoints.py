@@ -13,7 +13,7 @@ import lightning as L
 import pytest
 import torch
 import torchvision
-from conftest import IDX_DATA
+from helpers import IDX_DATA
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 

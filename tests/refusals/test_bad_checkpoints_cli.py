@@ -2,7 +2,7 @@
 line naming ``ckpt_path`` (each kind of bad checkpoint, and the training command's check, are
 checked in process: unit/test_checkpoints.py)."""
 
-from conftest import run_cli
+from helpers import run_cli
 
 
 def test_evaluating_a_truncated_checkpoint_is_one_line_before_anything_starts(checkpoint, synthetic_data_dir, tmp_path):

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import assert_synthetic_files_in_place, copy_data
+from helpers import assert_synthetic_files_in_place, copy_data
 from torchvision.datasets import MNIST
 
 

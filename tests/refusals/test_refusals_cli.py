@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli_command, cli_env, torchrun
+from helpers import REPO, cli_command, cli_env, torchrun
 
 QUICK = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "data.global_batch_size=64")
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 # One process, one thread: free a large block (as after loading a data set), then count the minor
 # page faults of 30 training steps of a small CNN, with or without the fix applied first.

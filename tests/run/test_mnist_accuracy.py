@@ -10,7 +10,7 @@ the suite within its time budget.)
 
 import pytest
 import torch
-from conftest import read_scalars, run_cli
+from helpers import read_scalars, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 

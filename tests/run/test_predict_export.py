@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import write_idx
+from helpers import write_idx
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from onnx import numpy_helper
 from torchvision.io import encode_jpeg, write_png

@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
-from conftest import IDX_DATA, REPO, cli_command, cli_env, only, ranks_in_log, run_cli
+from helpers import IDX_DATA, REPO, cli_command, cli_env, only, ranks_in_log, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf

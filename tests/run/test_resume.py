@@ -19,7 +19,7 @@ import sys
 
 import pytest
 import torch
-from conftest import DETERMINISTIC, REPO, TRAIN_SIZE, VAL_SIZE, read_scalars, run_cli, simulated_slurm
+from helpers import DETERMINISTIC, REPO, TRAIN_SIZE, VAL_SIZE, read_scalars, run_cli, simulated_slurm
 
 CHECKPOINT_EVERY = 5
 STEPS_PER_EPOCH = TRAIN_SIZE // 48  # 21

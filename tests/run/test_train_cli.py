@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import only, ranks_in_log, read_scalars, run_cli
+from helpers import only, ranks_in_log, read_scalars, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mnist_ddp.config.schema import MOVED_CLASSES, MOVED_MODULES

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, cli_env, make_image_folder, make_synthetic_mnist
+from helpers import REPO, cli_env, make_image_folder, make_synthetic_mnist
 
 from benchmarks.per_step import PER_STEP_END, PER_STEP_START
 from benchmarks.pipeline import (

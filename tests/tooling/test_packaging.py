@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, cli_env
+from helpers import REPO, cli_env
 
 
 def clean_copy(destination: Path) -> Path:

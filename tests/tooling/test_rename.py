@@ -16,7 +16,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli_env, make_image_folder
+from helpers import REPO, cli_env, make_image_folder
 
 # Joined here, not written out: the rename refuses a name that is already a word of the code.
 NEW_DIST, NEW_PACKAGE = "-".join(("acme", "vision")), "_".join(("acme", "vision"))
