@@ -116,26 +116,6 @@ def test_a_sweep_runs_each_job_once_with_its_own_ddp_processes_and_directory(syn
 # --- presets ---------------------------------------------------------------------------------
 
 
-# --- refused command lines -------------------------------------------------------------------
-
-
-BATCH_SPLIT = (
-    "data.global_batch_size=63",
-    "data.global_batch_size=63 does not split evenly over world_size=2 processes x "
-    "trainer.accumulate_grad_batches=1: it must be a multiple of 2. Use data.global_batch_size=62 or 64.",
-)
-
-
-def test_a_bad_command_line_is_one_line_before_any_process_or_directory(tmp_path):
-    # The command's contract; each refusal's message is checked in process (unit/test_config.py).
-    override, message = BATCH_SPLIT
-    result = run_cli("trainer.accelerator=cpu", override, log_dir=tmp_path)
-    assert result.returncode == 1
-    (line,) = result.stderr.strip().splitlines()
-    assert line.startswith(f"Error: {message}")
-    assert list(tmp_path.iterdir()) == []
-
-
 # --- hyperparameter search -------------------------------------------------------------------
 
 

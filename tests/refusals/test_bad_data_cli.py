@@ -13,8 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import assert_synthetic_files_in_place, copy_data
-from torchvision.datasets import MNIST
+from helpers import copy_data, run_cli
 
 
 @pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root needs setpriv to drop rights")
@@ -43,25 +42,6 @@ def test_an_unreadable_data_folder_is_named_with_the_fix(synthetic_data_dir):
         shutil.rmtree(top)
 
 
-def test_download_command_fetches_from_the_given_mirror(tmp_path, mirror, synthetic_data_dir):
-    # The command's main() in a subprocess, with its real arguments; --mirror points it at the local
-    # server. torchvision checks each archive against its MD5 list, so the child gets the synthetic
-    # archives' sums patched in first, as the fixture does in this process.
-    data_dir = tmp_path / "data"
-    wrapper = (
-        "import sys; from torchvision.datasets import MNIST; "
-        f"MNIST.resources = {MNIST.resources!r}; "
-        "from mnist_ddp.download import main; main(sys.argv[1:])"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", wrapper, "--data-dir", str(data_dir), "--mirror", mirror[0].rstrip("/")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == f"MNIST is in {data_dir / 'MNIST' / 'raw'}; train with data.data_dir={data_dir}"
-    assert_synthetic_files_in_place(data_dir, synthetic_data_dir)
-
-
 def test_download_command_without_network_is_one_line_and_status_1(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "mnist_ddp.download", "--data-dir", str(tmp_path / "data"), "--mirror",
@@ -71,3 +51,18 @@ def test_download_command_without_network_is_one_line_and_status_1(tmp_path):
     assert result.returncode == 1
     assert result.stderr.startswith(f"Error: MNIST is missing from {tmp_path / 'data' / 'MNIST' / 'raw'}")
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_missing_data_without_network_is_one_error_before_anything_is_written(tmp_path):
+    # No network, on any machine: urllib sends every download through this closed local proxy port.
+    no_network = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "no_proxy": ""}
+    data_dir = tmp_path / "data"
+    result = run_cli(f"data.data_dir={data_dir}", "trainer.accelerator=cpu", "trainer.devices=2",
+                     log_dir=tmp_path / "logs", env=no_network)  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"Error: MNIST is missing from {data_dir / 'MNIST' / 'raw'}"), output
+    assert "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte" in output
+    assert "Traceback" not in output
+    assert not data_dir.exists(), "no partial file or empty folder may be left"
+    assert not (tmp_path / "logs").exists(), "checked with the command line: no run directory, no process"

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import REPO, cli_command, cli_env, torchrun
+from helpers import REPO, cli_command, cli_env, run_cli, torchrun
 
 QUICK = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "data.global_batch_size=64")
 
@@ -77,6 +77,26 @@ def test_a_typo_is_refused_before_torch_is_imported(module, typo, tmp_path):
     errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
     assert result.returncode == 1 and errors[0].startswith(f"Error: Unknown key {typo.split('=')[0]}"), errors
     assert len(errors) == 1 and not list(tmp_path.iterdir()), "one line, nothing written"
+
+
+# --- a refused command line -------------------------------------------------------------------
+
+
+BATCH_SPLIT = (
+    "data.global_batch_size=63",
+    "data.global_batch_size=63 does not split evenly over world_size=2 processes x "
+    "trainer.accumulate_grad_batches=1: it must be a multiple of 2. Use data.global_batch_size=62 or 64.",
+)
+
+
+def test_a_bad_command_line_is_one_line_before_any_process_or_directory(tmp_path):
+    # The command's contract; each refusal's message is checked in process (unit/test_config.py).
+    override, message = BATCH_SPLIT
+    result = run_cli("trainer.accelerator=cpu", override, log_dir=tmp_path)
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"Error: {message}")
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- the rendezvous address and the run directory ----------------------------------------------

@@ -88,21 +88,6 @@ def test_console_shows_one_progress_bar_and_rank_tagged_lines_only_where_ranks_d
     assert "[rank 1][py.warnings]" not in console
 
 
-def test_missing_data_without_network_is_one_error_before_anything_is_written(tmp_path):
-    # No network, on any machine: urllib sends every download through this closed local proxy port.
-    no_network = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "no_proxy": ""}
-    data_dir = tmp_path / "data"
-    result = run_cli(f"data.data_dir={data_dir}", "trainer.accelerator=cpu", "trainer.devices=2",
-                     log_dir=tmp_path / "logs", env=no_network)  # fmt: skip
-    output = result.stdout + result.stderr
-    assert result.returncode == 1
-    assert result.stderr.startswith(f"Error: MNIST is missing from {data_dir / 'MNIST' / 'raw'}"), output
-    assert "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte" in output
-    assert "Traceback" not in output
-    assert not data_dir.exists(), "no partial file or empty folder may be left"
-    assert not (tmp_path / "logs").exists(), "checked with the command line: no run directory, no process"
-
-
 @pytest.fixture(scope="module")
 def trained(synthetic_run):
     log_dir, result = synthetic_run
