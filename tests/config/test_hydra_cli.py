@@ -6,10 +6,13 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from helpers import only, processes_mentioning, ranks_in_log, read_scalars, run_cli
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+pytestmark = pytest.mark.processes
 
 # 2 gloo processes, 1,000 synthetic training images, 200 for validation.
 BASE = ("trainer.accelerator=cpu", "trainer.devices=2", "data.val_size=200", "data.global_batch_size=64")

@@ -14,7 +14,7 @@ from helpers import make_image_folder
 from mnist_ddp.core.errors import UsageError
 from mnist_ddp.data.conformance import ConformanceError, check_conformance, sample_ids
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 
 def own(name: str, **arguments) -> dict:

@@ -704,6 +704,8 @@ def test_the_training_commands_checks_accept_a_good_folder_and_refuse_a_val_size
     )
 
 
+# The one test here that starts the real command line (the rest run in this process).
+@pytest.mark.processes
 def test_the_command_line_refuses_a_bad_folder_in_one_line_before_any_process_starts(tmp_path):
     data, log_dir = tmp_path / "data", tmp_path / "logs"
     truncated_png(data)

@@ -25,6 +25,8 @@ from mnist_ddp.data.images import decode_image_file
 from mnist_ddp.data.spec import DataSpec, read_data_spec
 from mnist_ddp.models.build import build_model
 
+pytestmark = pytest.mark.processes
+
 #: Deterministic training (no dropout, SGD with momentum) on the folder, augmentation on,
 #: last.ckpt every 3 optimizer steps.
 FOLDER_RUN = (

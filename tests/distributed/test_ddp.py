@@ -34,6 +34,8 @@ from helpers import (
 from mnist_ddp.data.datamodule import MNIST_MEAN, MNIST_STD, MNISTDataModule
 from mnist_ddp.models.networks import CNN
 
+pytestmark = pytest.mark.processes
+
 # Float32 parameters after 42 SGD steps: AllReduce sums gradients in another order than one
 # process does, so replicas and the single process agree to rounding, not bit for bit.
 PARAM_ATOL = 1e-5

@@ -27,6 +27,8 @@ import pytest
 import torch
 from helpers import REPO, cli_command, cli_env, make_synthetic_mnist, processes_mentioning
 
+pytestmark = pytest.mark.processes
+
 # 600 - 200 = 400 training images in global batches of 48 (24 per process at 2, 16 at 3): 9
 # optimizer steps per epoch (the last one short); 2 epochs, so that a fault in epoch 1 finds
 # epoch 0's last.ckpt.

@@ -11,6 +11,8 @@ from helpers import REPO, cli_command, cli_env, processes_mentioning, read_scala
 
 from mnist_ddp.distributed.checkpoint_io import AtomicCheckpointIO
 
+pytestmark = pytest.mark.processes
+
 QUICK = (
     "trainer.accelerator=cpu",
     "trainer.devices=2",

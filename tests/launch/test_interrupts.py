@@ -21,6 +21,8 @@ import torch
 from helpers import REPO, cli_command, cli_env, processes_mentioning, read_scalars, run_cli
 from mlflow.tracking import MlflowClient
 
+pytestmark = pytest.mark.processes
+
 # 1,000 training images over 2 processes in micro-batches of 32: 16 optimizer steps per epoch.
 RUN = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=4", "data.val_size=200",
        "data.global_batch_size=64")  # fmt: skip

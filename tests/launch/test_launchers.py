@@ -9,8 +9,11 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from helpers import REPO, read_scalars, simulated_slurm, torchrun
+
+pytestmark = pytest.mark.processes
 
 # 1,000 training images, 500 per rank in micro-batches of 32: 16 optimizer steps per epoch.
 SMALL = ("trainer.accelerator=cpu", "data.val_size=200", "data.global_batch_size=64")

@@ -23,6 +23,8 @@ from helpers import only, run_cli
 from PIL import Image
 from wandb.proto import wandb_internal_pb2
 
+pytestmark = pytest.mark.processes
+
 # The synthetic run (conftest.synthetic_run): 1,200 - 200 = 1,000 training images, 500 per rank in
 # micro-batches of 32, so 16 optimizer steps per epoch; 2 epochs; 300 test images; logged every 10 steps.
 STEPS_PER_EPOCH, EPOCHS, TEST_SIZE, LOG_EVERY = math.ceil(500 / 32), 2, 300, 10

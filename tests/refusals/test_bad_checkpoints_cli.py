@@ -2,7 +2,10 @@
 line naming ``ckpt_path`` (each kind of bad checkpoint, and the training command's check, are
 checked in process: unit/test_checkpoints.py)."""
 
+import pytest
 from helpers import run_cli
+
+pytestmark = pytest.mark.processes
 
 
 def test_evaluating_a_truncated_checkpoint_is_one_line_before_anything_starts(checkpoint, synthetic_data_dir, tmp_path):

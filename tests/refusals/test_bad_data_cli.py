@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from helpers import copy_data, run_cli
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root needs setpriv to drop rights")
 def test_an_unreadable_data_folder_is_named_with_the_fix(synthetic_data_dir):

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO, cli_command, cli_env, run_cli, torchrun
 
+pytestmark = pytest.mark.processes
+
 QUICK = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "data.global_batch_size=64")
 
 

@@ -8,6 +8,8 @@ import sys
 import pytest
 from helpers import REPO
 
+pytestmark = pytest.mark.processes
+
 # One process, one thread: free a large block (as after loading a data set), then count the minor
 # page faults of 30 training steps of a small CNN, with or without the fix applied first.
 STEPS_SCRIPT = """

@@ -18,6 +18,8 @@ from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.data.spec import read_data_spec
 from mnist_ddp.models.build import build_model
 
+pytestmark = pytest.mark.processes
+
 
 def fast_recipe_test_accuracy(tmp_path, *data: str) -> float:
     """``experiment=fast`` on 2 gloo processes with the ``data`` overrides: the test accuracy it logged."""

@@ -29,6 +29,8 @@ from mnist_ddp.data.idx import IMAGES_KIND, MNIST_FILES, read_idx_file
 from mnist_ddp.data.spec import read_data_spec
 from mnist_ddp.models.build import build_model
 
+pytestmark = pytest.mark.processes
+
 #: The run's own model and normalization, both other than the commands' defaults (CNN, 0.1307 / 0.3081):
 #: a command that took its own would fail the checkpoint's check, or predict other probabilities.
 RUN_OVERRIDES = ["model=mlp", "data.mean=0.2", "data.std=0.4"]

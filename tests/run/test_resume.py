@@ -21,6 +21,8 @@ import pytest
 import torch
 from helpers import DETERMINISTIC, REPO, TRAIN_SIZE, VAL_SIZE, read_scalars, run_cli, simulated_slurm
 
+pytestmark = pytest.mark.processes
+
 CHECKPOINT_EVERY = 5
 STEPS_PER_EPOCH = TRAIN_SIZE // 48  # 21
 EVERY_5_STEPS = ("callbacks.last_checkpoint.train_time_interval=null",

@@ -17,6 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from mnist_ddp.config.schema import MOVED_CLASSES, MOVED_MODULES
 
+pytestmark = pytest.mark.processes
+
 TAGS = {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "train/lr"}
 
 

@@ -18,6 +18,8 @@ import pytest
 import yaml
 from helpers import REPO, cli_env
 
+pytestmark = pytest.mark.processes
+
 
 def clean_copy(destination: Path) -> Path:
     """The files git tracks or would track (uncommitted work included, ignored files not)."""

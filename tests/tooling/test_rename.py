@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO, cli_env, make_image_folder
 
+pytestmark = pytest.mark.processes
+
 # Joined here, not written out: the rename refuses a name that is already a word of the code.
 NEW_DIST, NEW_PACKAGE = "-".join(("acme", "vision")), "_".join(("acme", "vision"))
 #: The renamed project's quick subset: its configs compose under the renamed schema, and every
