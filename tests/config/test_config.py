@@ -61,8 +61,13 @@ def test_strategy_options_compose(option, backend):
 @pytest.mark.parametrize(("override", "allowed"), [("strategy.comm_hook=fp32", "none, fp16, bf16, powersgd"),
                                                    ("lr_scaling.rule=cubic", "none, linear, sqrt")])  # fmt: skip
 def test_an_unknown_choice_is_refused_with_the_allowed_values(override, allowed):
-    with pytest.raises(UsageError, match=re.escape(f"expected one of [{allowed}]")):
+    with pytest.raises(UsageError) as error:
         composed_jobs("config", [override])
+    # OmegaConf's own sentence: the key, the value and each allowed value, not its words.
+    key, value = override.split("=")
+    message = str(error.value)
+    assert message.startswith(f"{key}: ") and f"'{value}'" in message, message
+    assert all(re.search(rf"\b{name}\b", message) for name in allowed.split(", ")), message
 
 
 def test_enable_progress_bar_false_and_no_logger_leave_their_callbacks_out(tmp_path):
@@ -91,23 +96,23 @@ REFUSED = [
         "data.global_batchsize=64",
         "Unknown key data.global_batchsize (keys of data: _target_, class_names, crop_padding",
     ),
-    ("trainer.max_epochs=three", "trainer.max_epochs: Value 'three' of type 'str' could not be converted to Int"),
+    # OmegaConf's own words after the key (a pattern): only the key and the value are the template's to assert.
+    ("trainer.max_epochs=three", re.compile(r"trainer\.max_epochs: .*'three'")),
     ("trainer.devices=0", "trainer.devices=0 is not a positive process count on CPU."),
     ("data.global_batch_size=-64", "data.global_batch_size must be at least 1, got -64."),
     ("model=transformer", "model=transformer: no such option in conf/model/ (available: cnn, mlp, resnet)."),
     ("+data.shuffle=true", "Unknown key data.shuffle (keys of data: _target_"),
     # Built once before launch as every process will: torch's own checks, as one line.
+    # torch's own sentence between the key and the arguments (a pattern): only its value is asserted.
     (
         "model.optimizer.lr=-0.1",
-        "model.optimizer: Invalid learning rate: -0.1 (its arguments: model.optimizer.lr=-0.1,",
+        re.compile(r"model\.optimizer: .*-0\.1.* \(its arguments: model\.optimizer\.lr=-0\.1,"),
     ),
     ("trainer.max_epochs=0", "trainer.max_epochs=0 trains nothing: set at least 1"),
     ("+foo=bar", "Unknown key foo (keys of the config: callbacks, ckpt_path, data, launcher,"),
     ("+trainer.devics=2", "Unknown key trainer.devics (trainer takes the arguments of lightning.pytorch.Trainer)."),
-    (
-        "strategy.comm_hook=fp32",
-        "strategy.comm_hook: Invalid value 'fp32', expected one of [none, fp16, bf16, powersgd]",
-    ),
+    # OmegaConf's own sentence (a pattern): the key, the value and every allowed value.
+    ("strategy.comm_hook=fp32", re.compile(r"strategy\.comm_hook: .*'fp32'.*none, fp16, bf16, powersgd")),
 ]
 
 
@@ -115,7 +120,10 @@ REFUSED = [
 def test_preflight_names_the_problem_and_what_is_allowed(override, message):
     with pytest.raises(UsageError) as error:
         check_command_line("config", [IDX_DATA, "trainer.accelerator=cpu", override])
-    assert str(error.value).startswith(message)
+    if isinstance(message, re.Pattern):
+        assert message.match(str(error.value)), str(error.value)
+    else:
+        assert str(error.value).startswith(message)
     assert "\n" not in str(error.value)
 
 

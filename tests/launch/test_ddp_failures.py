@@ -10,6 +10,7 @@ import torch
 from helpers import REPO, cli_command, cli_env, processes_mentioning, read_scalars, run_cli
 
 from mnist_ddp.distributed.checkpoint_io import AtomicCheckpointIO
+from mnist_ddp.distributed.failures import TIMEOUT_PATTERN
 
 pytestmark = pytest.mark.processes
 
@@ -36,10 +37,11 @@ def test_a_stalled_rank_is_named_by_every_ranks_stack(synthetic_data_dir, tmp_pa
     stacks = [run / "hang-rank0.txt", run / "hang-rank1.txt"]
     assert f"Every rank's Python stack: {stacks[0]}, {stacks[1]}" in output
     waiting, stalled = (path.read_text() for path in stacks)
-    assert "Timed out waiting 5000ms" in waiting and "loss.backward" in waiting  # in the gradient AllReduce
-    assert "in stall_here_for_an_hour" in stalled and "Timed out" in stalled.splitlines()[0]
+    # gloo's own words ("Timed out waiting 5000ms ..."): the timeout configured is the key fragment.
+    assert "5000ms" in waiting and "loss.backward" in waiting  # in the gradient AllReduce
+    assert "in stall_here_for_an_hour" in stalled and TIMEOUT_PATTERN.search(stalled.splitlines()[0])
     last = result.stdout.strip().splitlines()[-1]
-    assert "JobFailedError: rank 0 failed: RuntimeError: " in last and "Timed out waiting 5000ms for recv" in last, last
+    assert "JobFailedError: rank 0 failed: RuntimeError: " in last and "5000ms" in last, last
     assert not (run / ".stacks").exists()
     assert processes_mentioning(str(tmp_path / "logs")) == [], "a process of the run is still alive"
 
@@ -55,7 +57,8 @@ def test_debug_ddp_names_mismatched_collectives_at_once(synthetic_data_dir, tmp_
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-3000:]
     last = result.stdout.strip().splitlines()[-1]
-    assert "failed: RuntimeError: Detected mismatch between collectives on ranks" in last, last
+    # torch's own sentence ("Detected mismatch between collectives on ranks ..."): its key fragments.
+    assert "failed: RuntimeError: " in last and "mismatch" in last.lower(), last
     assert "ALLREDUCE" in last and "[3]" in last and "[5]" in last
 
 
@@ -92,6 +95,7 @@ def test_a_killed_rank_ends_the_job_within_10_seconds_and_the_last_checkpoint_su
 SAVE_THEN_HANG = """
 import os, sys, time, torch
 from mnist_ddp.distributed.checkpoint_io import AtomicCheckpointIO
+from mnist_ddp.distributed.failures import TIMEOUT_PATTERN
 checkpoint_io = AtomicCheckpointIO()
 checkpoint_io.save_checkpoint({"weights": torch.ones(1_000_000)}, sys.argv[1])
 os.fsync = lambda fd: (print("B written", flush=True), time.sleep(600))

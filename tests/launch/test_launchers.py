@@ -48,7 +48,9 @@ def test_elastic_restart_resumes_from_the_latest_checkpoint_and_finishes(synthet
     assert (last["epoch"], last["global_step"]) == (2, 3 * STEPS_PER_EPOCH), "the configured 3 epochs, ended"
     log = (run / "train.log").read_text()
     assert "Restart 1 of this job by its launcher: fit resumes from the run's latest checkpoint" in log
-    assert f"Restoring states from the checkpoint path at {run / 'checkpoints' / 'last.ckpt'}" in log
+    # Lightning's own line says that it restored the checkpoint: its path, not its words.
+    last_ckpt = str(run / "checkpoints" / "last.ckpt")
+    assert any(last_ckpt in line and "restor" in line.lower() for line in log.splitlines()), "restored from last.ckpt"
     assert json.loads((run / "metrics.json").read_text())["test/acc"] > 0.9
     # Validation after epochs 0 (first attempt), 1 and 2 (second attempt), then the best checkpoint;
     # Lightning logs an epoch's values at the step index of its last batch.

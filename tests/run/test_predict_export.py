@@ -125,7 +125,7 @@ def test_the_command_lines_are_checked_before_launch(checkpoint, synthetic_data,
         check_command_line("predict", ["trainer.accelerator=cpu", "ckpt_path=last", f"input={folder}"])
     with pytest.raises(UsageError, match="ckpt_path=last: export needs a checkpoint file"):
         check_command_line("export", ["ckpt_path=last"])
-    with pytest.raises(UsageError, match=r"format: Invalid value 'pickle', expected one of \[onnx, torch_export\]"):
+    with pytest.raises(UsageError, match=r"format: .*'pickle'.*onnx, torch_export"):
         check_command_line("export", [f"ckpt_path={checkpoint}", "format=pickle"])
     export = [f"ckpt_path={checkpoint}", *synthetic_data, "format=torch_export"]
     check_command_line("export", export)  # beside the checkpoint: last.pt2
