@@ -134,7 +134,7 @@ def test_a_bad_sweep_job_is_refused_before_the_sweep_starts():
 
 def test_presets_set_what_they_say():
     # experiment=long: a wider CNN for longer; debug=fast_dev_run: Lightning's one-batch smoke run.
-    # (What the presets do in a real run: system/test_hydra.py, system/test_mnist_accuracy.py.)
+    # (What the presets do in a real run: config/test_hydra_cli.py, run/test_mnist_accuracy.py.)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=long", "debug=fast_dev_run"])
     assert cfg.model.net.hidden == 256 and cfg.trainer.fast_dev_run is True

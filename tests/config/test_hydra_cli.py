@@ -1,5 +1,5 @@
 """Hydra the way users drive it, each through the real command line with 2 gloo processes:
-sweeps, presets, eval, resume, refused command lines, and an Optuna search."""
+sweeps and an Optuna search (a refused command line: refusals/test_refusals_cli.py)."""
 
 import csv
 import json

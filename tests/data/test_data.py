@@ -3,7 +3,7 @@ and on the real MNIST files gzipped as they ship.
 
 Ranks are simulated by attaching a stand-in for the Trainer that reports ``world_size`` and
 ``global_rank`` (what a real DDP Trainer reports in each process); the real DDP runs are in
-test_train_cli.py.
+run/test_train_cli.py.
 """
 
 import contextlib

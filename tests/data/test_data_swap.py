@@ -3,7 +3,7 @@
 class names and normalization statistics are set on the command line or in ``conf/data/``.
 
 The data set here is synthetic (no other IDX data set exists on this machine): the synthetic
-MNIST-format digits of conftest, inverted to dark patches on a light background (so their
+MNIST-format digits of helpers.py, inverted to dark patches on a light background (so their
 statistics are far from MNIST's), under other file names, in a folder of their own, configured by
 the README's own example, ``conf/data/letters.yaml``.
 """

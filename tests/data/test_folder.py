@@ -5,7 +5,7 @@ processes) and the same trained parameters, and every bad input refused in one l
 the file or folder and the fix, once through the real command line.
 
 Ranks are simulated by a stand-in for the Trainer that reports ``world_size`` and ``global_rank``,
-as in test_data.py; the real DDP runs on a folder are in system/test_folder_data.py.
+as in test_data.py; the real DDP runs on a folder are in data/test_folder_cli.py.
 """
 
 import json
@@ -336,7 +336,7 @@ def test_without_cache_dir_nothing_is_cached(reading, tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def learnable(tmp_path_factory) -> Path:
-    """conftest's coloured patches, 16x16 (the CNN's smallest): 40 training images (36 after the
+    """helpers.py's coloured patches, 16x16 (the CNN's smallest): 40 training images (36 after the
     held-out 4) and 10 test images."""
     return make_image_folder(tmp_path_factory.mktemp("learnable"), counts={"train": 8, "test": 2}, size=(16, 16))
 

@@ -4,7 +4,7 @@ SIGKILLed inside an epoch resumed exactly (in place; with DataLoader workers; on
 size), its checkpoint evaluated on 1, 2 and 3 processes, predicted and exported with nothing but
 ``ckpt_path``.
 
-The data set is conftest's ``make_image_folder``: 240 training PNGs (216 after 24 are held out for
+The data set is helpers.py's ``make_image_folder``: 240 training PNGs (216 after 24 are held out for
 validation: 9 global batches of 24 per epoch, which divide by 2 and 3 processes alike) and 70 test
 PNGs, each a coloured patch at a random place on noise, 15% of the labels wrong so that accuracy
 stays below 1 and a sample counted twice would show.

@@ -1,6 +1,6 @@
 """Distributed correctness, proven with real gloo processes started through the real command line.
 
-Every run below trains the same deterministic configuration (conftest.DETERMINISTIC: no
+Every run below trains the same deterministic configuration (helpers.DETERMINISTIC: no
 dropout, SGD with momentum, a one-cycle schedule) on the same synthetic data for two epochs, and
 differs only in how the work is spread:
 1, 2, 3 or 4 processes, gradient accumulation, DDP options, or a gradient

@@ -48,7 +48,7 @@ class Trial:
 # Each kind of fault in a worker and a SIGKILL of the command, over the phases; ranks and steps
 # drawn below. A rank killed or raising while training, a kill while a checkpoint is written,
 # SIGTERM and SIGINT to the command and a failed job of a sweep have tests of their own
-# (test_ddp_failures.py, test_resume.py, test_interrupts.py, test_hydra.py).
+# (test_ddp_failures.py, test_resume.py, test_interrupts.py, test_hydra_cli.py).
 TRIALS = [
     Trial("start-up", "sigkill"),
     Trial("setup", "raise"),

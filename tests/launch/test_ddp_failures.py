@@ -1,4 +1,5 @@
-"""How DDP runs fail and coexist: a crashing rank, two runs at once, options refused on CPU."""
+"""How DDP runs fail and coexist: a stalled rank, mismatched collectives, a killed rank, a kill while
+saving, two runs at once; and SyncBatchNorm with NCCL on a GPU (skipped without one)."""
 
 import json
 import subprocess

@@ -2,7 +2,7 @@
 the CSV history kept by a resume, and a missing tracker package refused in one line.
 
 With the real packages (``mlflow``, ``wandb``: the ``dev`` extra installs them) and MLflow's real
-SQLite store, offline. What a two-process run writes to each tracker: system/test_monitoring.py.
+SQLite store, offline. What a two-process run writes to each tracker: monitoring/test_trackers_cli.py.
 """
 
 import csv

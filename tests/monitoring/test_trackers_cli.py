@@ -1,8 +1,8 @@
 """The trackers as a user sees them. TensorBoard: a real ``tensorboard`` server on a finished
 two-process run, asked through its HTTP API (the one its web pages use) for scalars, hparams,
 images and text. CSV: the files read back. W&B: the offline run's records, read from its
-``.wandb`` file with W&B's own protobuf classes. MLflow: system/test_hydra.py (a sweep) and
-system/test_interrupts.py (a resume).
+``.wandb`` file with W&B's own protobuf classes. MLflow: config/test_hydra_cli.py (a sweep) and
+launch/test_interrupts.py (a resume).
 """
 
 import csv
@@ -140,7 +140,7 @@ def test_hparams_table_shows_the_config_layout_and_final_metrics(board):
     names = [info["name"] for info in experiment["hparamInfos"]]
     assert {"world_size", "backend", "per_device_batch_size", "global_batch_size", "model.optimizer.lr"} <= set(names)
     # The job's own overrides are the first columns (by name), the 140 others after them.
-    # (data: the data option the tests choose, conftest.IDX_DATA.)
+    # (data: the data option the tests choose, helpers.IDX_DATA.)
     overrides = ["data", "data.data_dir", "data.global_batch_size", "data.val_size", "logger", "paths.log_dir",
                  "trainer.accelerator", "trainer.devices", "trainer.max_epochs"]  # fmt: skip
     assert names[: len(overrides)] == overrides and len(names) > 100

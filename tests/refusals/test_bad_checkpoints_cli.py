@@ -1,6 +1,6 @@
 """A bad checkpoint given to a command stops it before any run directory or process exists, as one
 line naming ``ckpt_path`` (each kind of bad checkpoint, and the training command's check, are
-checked in process: unit/test_checkpoints.py)."""
+checked in process: refusals/test_bad_checkpoints.py)."""
 
 import pytest
 from helpers import run_cli

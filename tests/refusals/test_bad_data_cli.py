@@ -1,8 +1,8 @@
 """The data from the command line: a data folder this user cannot read is named with the fix, and
 ``python -m mnist_ddp.download`` fetches from a mirror or says in one line that it cannot.
 
-(Broken files, missing files and interrupted downloads are checked in process: unit/test_data.py;
-the training command without data in test_train_cli.py.)
+(Broken files, missing files and interrupted downloads are checked in process: data/test_data.py;
+the download command's fetch from a mirror: data/test_download_cli.py.)
 """
 
 import os

@@ -6,9 +6,9 @@ address that cannot work, a directory that holds or runs another run.
 Each is checked in process, through the function the command runs first
 (:func:`~mnist_ddp.config.command_line.check_command_line`) or the one the supervisor runs before it
 starts the workers; the command line's own contract (one line on stderr, exit status 1, no
-directory) is checked once in system/test_hydra.py. The machine here has no GPU, so GPU counts are
-mocked where a machine with GPUs is needed (torch.cuda.is_available / device_count); so is SLURM,
-by its variables.
+directory) is checked once in refusals/test_refusals_cli.py. The machine here has no GPU, so GPU
+counts are mocked where a machine with GPUs is needed (torch.cuda.is_available / device_count); so
+is SLURM, by its variables.
 """
 
 import multiprocessing

@@ -1,10 +1,10 @@
-"""Settings the schema cannot see, refused as one line before any process launches and before
-any run directory exists: GPUs this machine does not have, a launcher that started another
-number of processes, a precision the device cannot run, a log folder that cannot be written.
+"""Refusals through the real command line, as one line before any process launches and before
+any run directory exists: a launcher that started another number of processes (torchrun, for
+real), a log folder that cannot be written, a typo (found before torch is even imported), a
+global batch that does not split.
 
-(SyncBatchNorm and NCCL on CPU are in test_ddp_failures.py.) The machine here has no GPU, so the
-GPU counts of the in-process checks are mocked (torch.cuda.is_available / device_count); so is
-SLURM, by its variables. torchrun runs for real.
+What each refusal says, GPUs this machine does not have, SyncBatchNorm and NCCL on CPU and the
+rendezvous address included, is checked in process: test_refusals.py.
 """
 
 import os
@@ -96,7 +96,7 @@ BATCH_SPLIT = (
 
 
 def test_a_bad_command_line_is_one_line_before_any_process_or_directory(tmp_path):
-    # The command's contract; each refusal's message is checked in process (unit/test_config.py).
+    # The command's contract; each refusal's message is checked in process (config/test_config.py).
     override, message = BATCH_SPLIT
     result = run_cli("trainer.accelerator=cpu", override, log_dir=tmp_path)
     assert result.returncode == 1

@@ -1,7 +1,7 @@
 """``python -m mnist_ddp.predict`` and ``python -m mnist_ddp.export`` in process: the inputs found,
 read and refused, the command lines checked before launch, every replica's rows put back in input
 order, the CSV written whole, and exported files that compute the module's logits (and a changed
-one caught). The commands themselves run in ``tests/system/test_predict_export_cli.py``."""
+one caught). The commands themselves run in ``tests/run/test_predict_export_cli.py``."""
 
 import csv
 import gzip

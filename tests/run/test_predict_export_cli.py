@@ -4,7 +4,7 @@ lines in subprocesses, prediction with 2 gloo processes, on real MNIST test imag
 Kept cheap (the file takes about a minute on 2 cores): nothing is trained through the command
 line, the training run they use is made in process in seconds, as ``mnist_ddp.train`` leaves one
 (its ``.hydra/config.yaml`` and ``checkpoints/last.ckpt``); the prediction runs at the same time as
-the export. Reading an IDX file (gzipped too) as the input: unit/test_predict_export.py.
+the export. Reading an IDX file (gzipped too) as the input: run/test_predict_export.py.
 """
 
 import csv

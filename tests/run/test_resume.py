@@ -1,6 +1,6 @@
 """Resuming inside an epoch, exactly, on the same or another number of processes.
 
-Every run trains the deterministic configuration (conftest.DETERMINISTIC: 2 epochs of 21 global
+Every run trains the deterministic configuration (helpers.DETERMINISTIC: 2 epochs of 21 global
 batches of 48) with ``last.ckpt`` rewritten every 5 optimizer steps. A rank is SIGKILLed (as the
 OOM killer or a lost node would) at a seeded random step between two of those checkpoints; the
 run is resumed from its ``last.ckpt`` through the real command line, and compared with the
@@ -8,7 +8,7 @@ uninterrupted run: parameters, which samples were trained in each epoch (the sam
 ledger: each training sample exactly once per epoch across the kill and the resume), and the
 validation after the resume. A SLURM requeue (its signal before a time limit, the requeue, the
 job's second run) runs ``slurm/train.sbatch`` under simulated ``srun`` and ``scontrol``
-(conftest.simulated_slurm): the cluster is the one thing simulated.
+(helpers.simulated_slurm): the cluster is the one thing simulated.
 """
 
 import json

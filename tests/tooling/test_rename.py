@@ -26,8 +26,12 @@ NEW_DIST, NEW_PACKAGE = "-".join(("acme", "vision")), "_".join(("acme", "vision"
 #: class named by a _target_ imports from the renamed package with the configs' defaults (a real
 #: training run of the renamed project, through its command-line check, is the console-script test
 #: below); and, with the project's default data set changed to a folder of its own, the tests of the
-#: configs, their refusals and the IDX data, which choose the data set they read themselves.
-QUICK_TESTS = " ".join(f"tests/unit/test_{name}.py" for name in ("defaults", "config", "refusals", "data"))
+#: configs, their refusals and the IDX data, which choose the data set they read themselves (all in
+#: process: a test that starts processes is marked ``processes``).
+QUICK_TESTS = " ".join(
+    f"tests/{path}.py"
+    for path in ("config/test_defaults", "config/test_config", "refusals/test_refusals", "data/test_data")
+)
 
 
 def git(*args: str, cwd: Path) -> str:
