@@ -90,7 +90,7 @@ def test_the_suite_keeps_its_layout():
 
 def test_the_layout_check_finds_each_kind_of_break(tmp_path):
     files = {
-        "a/test_one.py": "from conftest import REPO\n",
+        "a/test_one.py": "import conftest\n",
         "a/test_two.py": "from test_one import helper\nimport test_three.sub\n",
         "b/test_one.py": "",
         "b/test_cli.py": "from helpers import run_cli\n\n\ndef test_run(tmp_path):\n    run_cli(log_dir=tmp_path)\n",
