@@ -2,8 +2,8 @@
 # `make rename NAME=my-project` makes the template your project (see below).
 #   make train ARGS="trainer.devices=4 data.global_batch_size=256"
 #   make test PYTEST_ARGS="-k data"
-# `make test-fast` runs the in-process tests only (tests/unit/, tooling/ but its benchmark run, gpu/; under 2 minutes on 2 cores); `make test` is
-# the whole suite, with the real DDP processes and command lines of tests/system/ (what CI runs).
+# `make test-fast` runs the in-process tests only (every test not marked `processes`; under 2 minutes
+# on 2 cores); `make test` is the whole suite, with the real DDP processes and command lines (what CI runs).
 # And the benchmark against a hand-written DDP loop and plain Lightning (about 27 minutes on 2 CPU
 # cores), which writes benchmarks/results.md, benchmarks/per_step.md and the results sections of
 # docs/performance.md:
@@ -31,7 +31,7 @@ test: $(INSTALLED)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 test-fast: $(INSTALLED)
-	$(VENV)/bin/python -m pytest tests/unit tests/tooling tests/gpu --ignore=tests/tooling/test_benchmarks.py $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "not processes" $(PYTEST_ARGS)
 
 benchmark: $(INSTALLED)
 	$(VENV)/bin/python -m benchmarks.run --page docs/performance.md $(BENCH_ARGS)

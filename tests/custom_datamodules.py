@@ -1,4 +1,4 @@
-"""DataModules of one's own, for the conformance check's tests (tests/system/test_conformance.py):
+"""DataModules of one's own, for the conformance check's tests (tests/data/test_conformance.py):
 one that keeps the template's guarantees and faulty ones that each break one. The check's worker
 processes import them by name (``_target_: custom_datamodules.<class>``); tests/ is on their
 ``sys.path`` as it is on pytest's."""

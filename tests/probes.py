@@ -3,7 +3,7 @@
     python -m mnist_ddp.train +callbacks.recorder._target_=probes.SampleRecorder \\
         +callbacks.recorder.out_dir=/tmp/samples
 
-(tests/ is put on PYTHONPATH by conftest.cli_env; every DDP process inherits it.)
+(tests/ is put on PYTHONPATH by helpers.cli_env; every DDP process inherits it.)
 """
 
 import json

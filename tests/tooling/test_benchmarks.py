@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, cli_env, make_image_folder, make_synthetic_mnist
+import pytest
+from helpers import REPO, cli_env, make_image_folder, make_synthetic_mnist
 
 from benchmarks.per_step import PER_STEP_END, PER_STEP_START
 from benchmarks.pipeline import (
@@ -27,6 +28,8 @@ from benchmarks.pipeline import (
 )
 from benchmarks.run import ROWS, report
 from mnist_ddp.data.idx import read_idx_file
+
+pytestmark = pytest.mark.processes
 
 STEPS, WARMUP = 4, 2  # optimizer steps per run in the smoke test: timed, and run before them
 GLOBAL_BATCH = 64  # the fast recipe's

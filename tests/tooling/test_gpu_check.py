@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REPO
+from helpers import REPO
 from hydra import compose, initialize_config_dir
 from torch import nn
 

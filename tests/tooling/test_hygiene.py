@@ -4,7 +4,7 @@ checks), as the issue tracker and the GitHub workflow require of every commit.""
 import subprocess
 import sys
 
-from conftest import REPO
+from helpers import REPO
 
 
 def test_the_tree_passes_its_pre_commit_hooks():

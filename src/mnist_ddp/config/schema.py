@@ -7,7 +7,7 @@ into these dataclasses, so a mistyped key (``data.global_batchsize=64``) or a wr
 or DDP process group exists.
 
 Every field is ``MISSING`` here: the values are in ``conf/``, one place per default (a test,
-``tests/unit/test_defaults.py``, keeps it so and compares the YAML with the signatures of the
+``tests/config/test_defaults.py``, keeps it so and compares the YAML with the signatures of the
 template's own classes).
 """
 

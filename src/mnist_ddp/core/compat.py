@@ -1,5 +1,5 @@
 """The private APIs of Lightning, torch and OmegaConf that the template relies on: the one module
-that touches them, so that an upgrade that changes one breaks here, and ``tests/unit/test_compat.py``
+that touches them, so that an upgrade that changes one breaks here, and ``tests/core/test_compat.py``
 names it. No other module uses a private attribute of a library (that test scans ``src/`` for one).
 
 Known to work with torch 2.14.1, lightning 2.6.6, omegaconf 2.3.1 and tensorboard 2.21.0 (read

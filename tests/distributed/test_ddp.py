@@ -1,0 +1,264 @@
+"""Distributed correctness, proven with real gloo processes started through the real command line.
+
+Every run below trains the same deterministic configuration (helpers.DETERMINISTIC: no
+dropout, SGD with momentum, a one-cycle schedule) on the same synthetic data for two epochs, and
+differs only in how the work is spread:
+1, 2, 3 or 4 processes, gradient accumulation, DDP options, or a gradient
+communication hook. Data parallelism is correct when each of them takes the optimizer steps
+that one process with the same global batch takes.
+
+Sizes: 1,199 training images - 191 for validation (divisible by neither 2 nor 3) = 1,008 to
+train on, 21 global batches of 48 per epoch for 1, 2, 3 and 4 processes alike. 301 test images.
+"""
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import (
+    DETERMINISTIC,
+    GLOBAL_BATCH,
+    REPO,
+    TRAIN_SIZE,
+    VAL_SIZE,
+    cli_command,
+    cli_env,
+    ranks_in_log,
+    read_scalars,
+)  # fmt: skip
+
+from mnist_ddp.data.datamodule import MNIST_MEAN, MNIST_STD, MNISTDataModule
+from mnist_ddp.models.networks import CNN
+
+pytestmark = pytest.mark.processes
+
+# Float32 parameters after 42 SGD steps: AllReduce sums gradients in another order than one
+# process does, so replicas and the single process agree to rounding, not bit for bit.
+PARAM_ATOL = 1e-5
+
+RUNS = {
+    "ws1": ["trainer.devices=1"],
+    "ws2": ["trainer.devices=2"],
+    "ws3": ["trainer.devices=3"],
+    "ws4": ["trainer.devices=4"],
+    "ws2_accumulate": ["trainer.devices=2", "trainer.accumulate_grad_batches=2"],
+    # DDP constructor and process-group options that do not change the arithmetic, and linear
+    # LR scaling (global 48 vs reference 24: twice the configured rate).
+    "ws2_options": [
+        "trainer.devices=2", "strategy.static_graph=true", "strategy.gradient_as_bucket_view=true",
+        "strategy.bucket_cap_mb=0.05", "strategy.broadcast_buffers=false", "strategy.timeout.seconds=123",
+        "strategy.process_group_backend=gloo", "lr_scaling.rule=linear", "lr_scaling.reference_batch_size=24",
+    ],
+    "ws2_fp16": ["trainer.devices=2", "strategy.comm_hook=fp16", "strategy.find_unused_parameters=true"],
+    "ws2_powersgd": ["trainer.devices=2", "strategy.comm_hook=powersgd", "strategy.powersgd_start_iter=2"],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(deterministic_run):
+    """``run(name)``: the run directory of RUNS[name] (trained once per session, on first use)."""
+    return lambda name: deterministic_run(name, *RUNS[name])
+
+
+def params(run_dir, checkpoint="last.ckpt"):
+    return torch.load(run_dir / "checkpoints" / checkpoint, weights_only=True)["state_dict"]
+
+
+def max_difference(a, b):
+    return max((a[key] - b[key]).abs().max().item() for key in a)
+
+
+def ddp_settings(run_dir):
+    return json.loads((run_dir / "ddp.json").read_text())
+
+
+# --- gradient equivalence -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["ws2", "ws3", "ws4"])
+def test_replicas_take_the_single_process_step(run, name):
+    single, replicated = params(run("ws1")), params(run(name))
+    difference = max_difference(single, replicated)
+    print(f"{name} vs ws1: max |parameter difference| = {difference:.3g}")
+    assert difference < PARAM_ATOL
+    assert json.loads((run(name) / "ddp.json").read_text())["world_size"] == int(name[2])
+    # Every worker logs into the job's one train.log, tagged with its rank.
+    assert ranks_in_log(run(name)) == set(range(int(name[2])))
+    # The runs really trained: the parameters moved far more than the tolerance from the init.
+    assert read_scalars(run(name) / "tensorboard")["val/acc"][-1] > 0.6
+
+
+def test_accumulation_takes_the_same_step_with_half_the_micro_batch(run):
+    difference = max_difference(params(run("ws2")), params(run("ws2_accumulate")))
+    print(f"accumulate_grad_batches=2 vs 1: max |parameter difference| = {difference:.3g}")
+    assert difference < PARAM_ATOL
+    # Same number of optimizer steps, twice the micro-batches.
+    assert torch.load(run("ws2_accumulate") / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 42
+
+
+# --- exact evaluation ------------------------------------------------------------------------
+
+
+def expected_metrics(run_dir, checkpoint, dataset):
+    """Loss and accuracy of a checkpoint over a whole split, computed here in one process."""
+    net = CNN(1, (28, 28), 10, dropout=0)
+    net.load_state_dict({key.removeprefix("net."): value for key, value in params(run_dir, checkpoint).items()})
+    pixels, labels = dataset.tensors
+    with torch.no_grad():
+        logits = net.eval()((pixels.float() / 255 - MNIST_MEAN) / MNIST_STD)
+    return F.cross_entropy(logits, labels).item(), (logits.argmax(1) == labels).float().mean().item()
+
+
+def test_val_and_test_metrics_count_every_sample_once_for_1_2_and_3_processes(run, noisy_data_dir):
+    datamodule = MNISTDataModule(str(noisy_data_dir), val_size=VAL_SIZE)
+    datamodule.setup("fit")
+    datamodule.setup("test")
+    logged = {}
+    for name in ("ws1", "ws2", "ws3"):
+        scalars = read_scalars(run(name) / "tensorboard")
+        (best,) = [p.name for p in (run(name) / "checkpoints").glob("epoch_*.ckpt")]
+        # After fit, the best checkpoint is validated and tested once more: the last values logged.
+        val_loss, val_acc = expected_metrics(run(name), best, datamodule.val_set)
+        test_loss, test_acc = expected_metrics(run(name), best, datamodule.test_set)
+        # Accuracy is a count over 191 / 301 samples: one sample counted twice or missed moves it
+        # by at least 1/302, far beyond the tolerance.
+        assert scalars["val/acc"][-1] == pytest.approx(val_acc, abs=1e-6), name
+        assert scalars["test/acc"][-1] == pytest.approx(test_acc, abs=1e-6), name
+        assert scalars["val/loss"][-1] == pytest.approx(val_loss, abs=1e-5), name
+        assert scalars["test/loss"][-1] == pytest.approx(test_loss, abs=1e-5), name
+        logged[name] = (scalars["val/acc"][-1], scalars["test/acc"][-1])
+    print("(val/acc, test/acc) per run:", logged)
+    assert 0.5 < logged["ws1"][1] < 0.95, "label noise keeps accuracy below 1, so double counting would show"
+    assert logged["ws1"] == logged["ws2"] == logged["ws3"]
+
+
+# --- sharding --------------------------------------------------------------------------------
+
+
+def trained_indices(run_dir, world_size, epoch):
+    """Per rank, the train-split indices it trained on in ``epoch``, in order (probes.SampleRecorder)."""
+    return [
+        [i for line in (run_dir / "samples" / f"rank{r}_epoch{epoch}.jsonl").read_text().splitlines()
+         for i in json.loads(line)["indices"]]
+        for r in range(world_size)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "world_size"), [("ws2", 2), ("ws3", 3), ("ws4", 4)])
+def test_each_epoch_the_ranks_train_on_disjoint_shards_covering_the_split(run, name, world_size):
+    orders = []
+    for epoch in (0, 1):
+        shards = trained_indices(run(name), world_size, epoch)
+        assert all(len(shard) == TRAIN_SIZE // world_size for shard in shards)
+        union = set().union(*shards)
+        assert len(union) == TRAIN_SIZE, "shards overlap or miss samples"  # 1,008 divides by 2, 3, 4: no remainder
+        assert union == set(range(TRAIN_SIZE))
+        orders.append(shards)
+    assert orders[0] != orders[1], "the order must change between epochs"
+
+
+def test_the_same_seed_gives_the_same_shards_in_separate_runs(run):
+    for epoch in (0, 1):
+        reference = trained_indices(run("ws2"), 2, epoch)
+        assert trained_indices(run("ws2_accumulate"), 2, epoch) == reference
+
+
+# --- DDP options and communication hooks, each shown in effect -----------------------------
+
+
+def test_default_ddp_settings_in_effect(run):
+    settings = ddp_settings(run("ws2"))
+    assert settings["backend"] == "gloo" and settings["world_size"] == 2
+    assert settings["comm_hook"] == "none" and settings["timeout_s"] == 1800
+    assert settings["bucket_cap_mb"] == 25 and len(settings["bucket_sizes_bytes"]) == 1  # 0.74 MB in one bucket
+    assert not settings["find_unused_parameters"] and not settings["static_graph"]
+    assert not settings["gradient_as_bucket_view"] and settings["broadcast_buffers"]
+
+
+def test_configured_ddp_options_take_effect(run):
+    settings = ddp_settings(run("ws2_options"))
+    assert settings["backend"] == "gloo" and settings["timeout_s"] == 123
+    assert settings["static_graph"] and settings["gradient_as_bucket_view"] and not settings["broadcast_buffers"]
+    assert settings["bucket_cap_mb"] == pytest.approx(0.05, rel=1e-3)
+    # 0.05 MiB buckets split the 0.74 MB of gradients into several AllReduce calls (the 0.52 MB
+    # fc1 weight still gets a bucket of its own), where the default 25 MiB cap makes one.
+    buckets = settings["bucket_sizes_bytes"]
+    print("bucket sizes (bytes) with bucket_cap_mb=0.05:", buckets)
+    assert len(buckets) >= 3 and sum(buckets) == sum(ddp_settings(run("ws2"))["bucket_sizes_bytes"])
+    assert ddp_settings(run("ws2_fp16"))["find_unused_parameters"] is True
+
+
+def test_linear_lr_scaling_doubles_the_rate_for_twice_the_reference_batch(run):
+    scaled = read_scalars(run("ws2_options") / "tensorboard")["train/lr"]
+    plain = read_scalars(run("ws2") / "tensorboard")["train/lr"]
+    # The same one-cycle schedule, at twice the rate at every logged step.
+    assert len(scaled) == len(plain) > 0
+    assert all(a == pytest.approx(2 * b) for a, b in zip(scaled, plain))
+    assert json.loads((run("ws2_options") / "metrics.json").read_text())["global_batch_size"] == GLOBAL_BATCH
+    # Twice the rate: not the default run's steps.
+    assert max_difference(params(run("ws2")), params(run("ws2_options"))) > 100 * PARAM_ATOL
+
+
+@pytest.mark.parametrize(
+    ("name", "hook", "at_most"),
+    [
+        # bf16 takes the same path (strategy.py: one of torch's compress hooks), in another dtype.
+        ("ws2_fp16", "fp16_compress_hook", 1e-2),
+        ("ws2_powersgd", "powerSGD_hook", None),
+    ],
+)
+def test_communication_hooks_run_on_gloo(run, name, hook, at_most):
+    assert ddp_settings(run(name))["comm_hook"] == hook
+    difference = max_difference(params(run("ws2")), params(run(name)))
+    print(f"{name} vs plain AllReduce: max |parameter difference| = {difference:.3g}")
+    # Compressed gradients change the steps: were the hook ignored, the runs would agree to PARAM_ATOL.
+    assert difference > 10 * PARAM_ATOL
+    if at_most is not None:
+        assert difference < at_most
+    assert read_scalars(run(name) / "tensorboard")["val/acc"][-1] > 0.6, "still learns"
+
+
+# --- several nodes ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_torchrun_nodes_train_exactly_like_one_node_with_four_processes(run, noisy_data_dir, tmp_path):
+    # Two torchrun agents on 127.0.0.1 play two nodes of 2 processes each, meeting at a c10d
+    # rendezvous: world_size 4 over gloo, the way two machines would (only the network is local).
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=two-nodes"]  # fmt: skip
+    train = cli_command(
+        f"data.data_dir={noisy_data_dir}", *DETERMINISTIC, "trainer.devices=2", "trainer.num_nodes=2",
+        "+callbacks.ranks._target_=probes.RankRecorder", "+callbacks.ranks.out_dir=${paths.output_dir}/ranks",
+        log_dir=tmp_path,
+    )[1:]  # fmt: skip
+    nodes = [
+        subprocess.Popen(
+            [*torchrun, *train], cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    for node, output in [(node, node.communicate(timeout=600)[0]) for node in nodes]:
+        assert node.returncode == 0, output[-5000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name == "torchrun-two-nodes", "both nodes write one run directory"
+    ranks = [json.loads((run_dir / "ranks" / f"rank{rank}.json").read_text()) for rank in range(4)]
+    assert [(r["node_rank"], r["local_rank"], r["world_size"]) for r in ranks] == [
+        (0, 0, 4), (0, 1, 4), (1, 0, 4), (1, 1, 4)
+    ], "global rank = node_rank x 2 + local_rank"  # fmt: skip
+    one_node = run("ws4")
+    for epoch in (0, 1):
+        assert trained_indices(run_dir, 4, epoch) == trained_indices(one_node, 4, epoch), "the same shard per rank"
+    # The same four replicas, the same AllReduce: bit-identical parameters and metrics.
+    assert max_difference(params(run_dir), params(one_node)) == 0
+    metrics, reference = (json.loads((d / "metrics.json").read_text()) for d in (run_dir, one_node))
+    assert (metrics["test/acc"], metrics["val/acc"]) == (reference["test/acc"], reference["val/acc"])

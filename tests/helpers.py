@@ -1,0 +1,300 @@
+"""Helpers the tests share: the synthetic data sets, the command-line runners (``run_cli``,
+``torchrun``, a simulated SLURM), readers of what a run leaves (TensorBoard scalars, rank tags,
+live processes) and the deterministic configuration of the equivalence runs.
+
+Test modules import them with ``from helpers import ...``; the fixtures built on them are in
+conftest.py (pytest finds those by name, a module never imports conftest).
+"""
+
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+from hydra.utils import instantiate
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from mnist_ddp.data.idx import MNIST_FILES
+from mnist_ddp.models.build import build_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """Write a uint8 array in the IDX format of the MNIST files (big-endian header, magic 0x08 0x0N)."""
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def make_synthetic_mnist(
+    root: Path,
+    n_train: int = 1200,
+    n_test: int = 300,
+    label_noise: float = 0.0,
+    test_label_noise: float | None = None,
+    seed: int = 0,
+) -> Path:
+    """MNIST-shaped IDX files in ``root/MNIST/raw/`` that a CNN learns in a few steps.
+
+    Each image is faint noise plus a bright 6x6 patch whose position encodes its class (0..9),
+    so the real loading code runs and a working training loop reaches high accuracy quickly.
+    A fraction ``label_noise`` of the labels is replaced by random classes, which keeps the
+    accuracy below 100% (so that counting a sample twice would change it); ``test_label_noise``,
+    if given, is the fraction for the test split instead.
+    """
+    rng = np.random.default_rng(seed)
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        labels = rng.integers(0, 10, n)
+        images = rng.integers(0, 60, (n, 28, 28))
+        for i, label in enumerate(labels):
+            r, c = 3 + (label // 5) * 14, 1 + (label % 5) * 5
+            # Bright but not flat: identical patches would make exactly tied max-pool inputs, whose
+            # argmax (and so the gradient) flips with float rounding, and equivalence checks with it.
+            images[i, r : r + 6, c : c + 6] = rng.integers(190, 256, (6, 6))
+        noisy = rng.random(n) < (label_noise if prefix == "train" or test_label_noise is None else test_label_noise)
+        labels[noisy] = rng.integers(0, 10, noisy.sum())
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
+    return root
+
+
+#: The colours of the synthetic folder data set's classes (RGB), one class each.
+COLOURS = {"red": (230, 40, 40), "green": (40, 210, 60), "blue": (50, 70, 230), "yellow": (230, 220, 50),
+           "magenta": (220, 50, 210)}  # fmt: skip
+
+
+def make_image_folder(
+    root: Path,
+    counts: dict[str, int] | None = None,
+    size: tuple[int, int] = (32, 32),
+    label_noise: float = 0.0,
+    seed: int = 0,
+) -> Path:
+    """A folder data set of RGB PNGs (``root/<split>/<class>/<n>.png``) that a CNN learns in a few steps.
+
+    Each image is dark noise plus a 9x9 patch of its class's colour (:data:`COLOURS`: five classes,
+    not ten) at a random place, so that a random crop or a flip keeps its class. ``counts``: images
+    per class of each split (default 48 for ``train``, 14 for ``test``). A fraction ``label_noise``
+    of each split's images is put into another class's folder, which keeps the accuracy below 100%
+    (so that counting a sample twice would change it). Returns ``root``.
+    """
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    names = list(COLOURS)
+    for split, per_class in (counts or {"train": 48, "test": 14}).items():
+        for index in range(per_class * len(names)):
+            label = index % len(names)
+            pixels = rng.integers(0, 50, (*size, 3))
+            top, left = rng.integers(0, size[0] - 9), rng.integers(0, size[1] - 9)
+            pixels[top : top + 9, left : left + 9] = np.clip(COLOURS[names[label]] + rng.integers(-25, 26, 3), 0, 255)
+            folder = names[rng.integers(len(names))] if rng.random() < label_noise else names[label]
+            (root / split / folder).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels.astype(np.uint8), "RGB").save(root / split / folder / f"{split}{index:04d}.png")
+    return root
+
+
+#: The data option of the tests that read IDX files (the synthetic ones, the real MNIST), chosen on
+#: every command line that sets its keys: a project whose ``conf/config.yaml`` defaults to a data set
+#: of its own passes the same tests.
+IDX_DATA = "data=mnist"
+
+
+# The deterministic configuration of the equivalence and resume checks: no dropout, SGD with
+# momentum and a one-cycle schedule (optimizer and schedule state that resuming must restore),
+# 2 epochs of 21 global batches of 48 over 1,199 - 191 = 1,008 training images, which divide by
+# 1, 2, 3 and 4 processes alike. Validation 191 and test 301 images divide by neither 2 nor 3;
+# 25% of the labels are noise, so accuracy stays below 1 and double counting would show.
+TRAIN_SIZE, VAL_SIZE, TEST_SIZE, GLOBAL_BATCH, LR = 1008, 191, 301, 48, 0.05
+
+
+DETERMINISTIC = (
+    IDX_DATA, "trainer.accelerator=cpu", "trainer.max_epochs=2", f"data.val_size={VAL_SIZE}",
+    f"data.global_batch_size={GLOBAL_BATCH}", "model.net.dropout=0", "model.optimizer._target_=torch.optim.SGD",
+    f"model.optimizer.lr={LR}", "+model.optimizer.momentum=0.9",
+    "+callbacks.recorder._target_=probes.SampleRecorder", "+callbacks.recorder.out_dir=${paths.output_dir}/samples",
+)  # fmt: skip
+
+
+def cli_command(*overrides: str, log_dir: Path, module: str = "mnist_ddp.train") -> list[str]:
+    """``python -m mnist_ddp.train`` (or ``module``) with Hydra overrides, writing under ``log_dir``;
+    a training that chooses no data option and resumes no run in place gets :data:`IDX_DATA`.
+
+    Flags (``-m``) go first: Hydra's argument parser takes the overrides as one trailing list."""
+    flags = [arg for arg in overrides if arg.startswith("-")]
+    values = [arg for arg in overrides if not arg.startswith("-")]
+    keys = {arg.lstrip("+~").split("=", 1)[0] for arg in values}
+    if module == "mnist_ddp.train" and not keys & {"data", "hydra.run.dir"}:
+        values.insert(0, IDX_DATA)
+    return [sys.executable, "-m", module, *flags, f"paths.log_dir={log_dir}", *values]
+
+
+#: Variables through which a launcher (torchrun, SLURM, Lightning) tells a process its place in a job.
+LAUNCHER_VARIABLES = re.compile(
+    r"MASTER_ADDR|MASTER_PORT|RANK|LOCAL_RANK|NODE_RANK|GROUP_RANK|WORLD_SIZE|TORCHELASTIC_\w+|SLURM_\w+"
+)
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment for a CLI run: this one without launcher variables (a command starts as from
+    a fresh shell, whatever a test left behind), plus ``extra``, and tests/ on PYTHONPATH so that a
+    run can load the test-only callbacks of ``probes.py`` through Hydra overrides
+    (``+callbacks.x._target_=probes...``)."""
+    path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
+    clean = {key: value for key, value in os.environ.items() if not LAUNCHER_VARIABLES.fullmatch(key)}
+    return {**clean, "PYTHONPATH": path, **extra}
+
+
+def run_cli(
+    *overrides: str, log_dir: Path, module: str = "mnist_ddp.train", env: dict | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """Run a command as a user would (training by default), wait for it, and capture its output."""
+    command = cli_command(*overrides, log_dir=log_dir, module=module)
+    return subprocess.run(
+        command, cwd=REPO, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def fit_and_test_in_process(cfg, root_dir: Path, max_epochs: int = 3) -> tuple:
+    """Build ``cfg``'s model and DataModule as the entry point does (Hydra ``instantiate``), train
+    them in this process (one CPU device, no logger or checkpoints) and test them: returns the
+    DataModule and the test metrics. For checks of a config's parts; DDP runs go through the CLI."""
+    L.seed_everything(0)
+    datamodule = instantiate(cfg.data)
+    model = build_model(cfg.model, datamodule.spec)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_epochs=max_epochs, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+        default_root_dir=root_dir,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=datamodule)
+    (test,) = trainer.test(model, datamodule=datamodule, verbose=False)
+    return datamodule, test
+
+
+# torchrun shares its rendezvous TCPStore with the workers by default, and since the store keeps
+# the previous attempt's keys, restarted workers meet stale peer addresses (pytorch/pytorch#135712).
+# Opting out of the sharing is torch's documented workaround; docs/scaling-out.md says so too.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def torchrun(*torchrun_args: str, overrides: tuple[str, ...], log_dir, timeout: float = 600):
+    """Run training under real torchrun (``python -m torch.distributed.run <torchrun_args>``), as
+    :func:`run_cli` runs it alone; wait for it, and capture its output."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *torchrun_args,
+        *cli_command(*overrides, log_dir=log_dir)[1:],
+    ]
+    return subprocess.run(
+        command, cwd=REPO, env=cli_env(**TORCHRUN_ENV), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def simulated_slurm(bin_dir: Path, job_id: str, ntasks: int) -> dict[str, str]:
+    """The environment of a SLURM batch job on one node, for running a batch script here.
+
+    SLURM cannot exist here, so ``bin_dir`` gets two stand-ins (put first on PATH): ``srun``, which
+    starts one task per ``SLURM_NTASKS`` with the variables srun gives each task, writes their pids
+    into ``bin_dir/tasks.pids`` and waits for them; and ``scontrol``, which appends its arguments
+    to ``bin_dir/scontrol.log``. Everything the tasks do (Lightning's SLURMEnvironment, gloo, the
+    run) is real. Returns :func:`cli_env` with the job's SLURM variables and that PATH.
+    """
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\n"
+        "pids=()\n"
+        "for ((task = 0; task < SLURM_NTASKS; task++)); do\n"
+        '  SLURM_PROCID=$task SLURM_LOCALID=$task SLURM_NODEID=0 SLURM_STEP_ID=0 "$@" & pids+=($!)\n'
+        "done\n"
+        f'echo "${{pids[@]}}" > {bin_dir / "tasks.pids"}\n'
+        'status=0; for pid in "${pids[@]}"; do wait "$pid" || status=$?; done; exit $status\n'
+    )
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> {bin_dir / "scontrol.log"}\n')
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    slurm = {"SLURM_JOB_ID": job_id, "SLURM_JOB_NAME": "mnist-ddp", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
+             "SLURM_NTASKS": str(ntasks), "SLURM_NTASKS_PER_NODE": str(ntasks), "SLURM_NODELIST": "127.0.0.1",
+             "SLURM_JOB_NODELIST": "127.0.0.1"}  # fmt: skip
+    env = {key: value for key, value in cli_env(**slurm).items() if key not in ("MASTER_ADDR", "MASTER_PORT")}
+    return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
+
+
+def read_scalars(event_dir: Path, steps: bool = False) -> dict[str, list]:
+    """Every scalar tag in the TensorBoard event files of ``event_dir``, read with TensorBoard's own
+    reader: its values, or ``(step, value)`` pairs with ``steps=True``."""
+    events = EventAccumulator(str(event_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {
+        tag: [(event.step, event.value) if steps else event.value for event in events.Scalars(tag)]
+        for tag in events.Tags()["scalars"]
+    }
+
+
+def ranks_in_log(run_dir: Path, job: str = "train") -> set[int]:
+    """The global ranks that wrote lines into a job's log file (``[rank N]`` tags)."""
+    return {int(rank) for rank in re.findall(r"\[rank (\d+)\]", (run_dir / f"{job}.log").read_text())}
+
+
+class MirrorHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves a folder; the file named by ``cut_off`` is cut off half-way, as a dropped connection
+    cuts a transfer: the full Content-Length is announced, half the bytes sent, the connection closed."""
+
+    cut_off: str | None = None
+
+    def do_GET(self) -> None:
+        if self.cut_off is None or not self.path.endswith(self.cut_off):
+            return super().do_GET()
+        data = (Path(self.directory) / self.cut_off).read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[: len(data) // 2])
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def assert_synthetic_files_in_place(data_dir: Path, synthetic_data_dir: Path) -> None:
+    raw = data_dir / "MNIST" / "raw"
+    assert sorted(os.listdir(raw)) == sorted(MNIST_FILES.values())
+    for name in MNIST_FILES.values():
+        assert (raw / name).read_bytes() == (synthetic_data_dir / "MNIST" / "raw" / name).read_bytes()
+    assert os.listdir(data_dir / "MNIST") == ["raw"], "the temporary download folder must be gone"
+
+
+def copy_data(synthetic_data_dir: Path, folder: Path) -> Path:
+    """A copy of the synthetic data set (1,200 training and 300 test images); returns its raw/ folder."""
+    shutil.copytree(synthetic_data_dir, folder)
+    return folder / "MNIST" / "raw"
+
+
+def only(path: Path) -> Path:
+    """The one entry of a folder (a run's directory in ``runs/``); fails if there are others."""
+    (item,) = path.iterdir()
+    return item
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """``<pid> <command line>`` of each live process whose command line contains ``text`` (read
+    from /proc; a zombie's command line is empty, so ended processes are not listed)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in command:
+            found.append(f"{cmdline.parent.name} {command}")
+    return found

@@ -1,0 +1,157 @@
+"""How DDP runs fail and coexist: a stalled rank, mismatched collectives, a killed rank, a kill while
+saving, two runs at once; and SyncBatchNorm with NCCL on a GPU (skipped without one)."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers import REPO, cli_command, cli_env, processes_mentioning, read_scalars, run_cli
+
+from mnist_ddp.distributed.checkpoint_io import AtomicCheckpointIO
+from mnist_ddp.distributed.failures import TIMEOUT_PATTERN
+
+pytestmark = pytest.mark.processes
+
+QUICK = (
+    "trainer.accelerator=cpu",
+    "trainer.devices=2",
+    "trainer.max_epochs=1",
+    "data.val_size=200",
+    "data.global_batch_size=64",
+)
+
+
+def test_a_stalled_rank_is_named_by_every_ranks_stack(synthetic_data_dir, tmp_path):
+    # Rank 1 stops making progress at step 3 (a deadlock in user code); rank 0 waits for it in the
+    # next AllReduce until strategy.timeout (5 s here), then fails.
+    result = run_cli(
+        f"data.data_dir={synthetic_data_dir}", *QUICK, "strategy.timeout.seconds=5",
+        "+callbacks.stall._target_=probes.StallOnRank", "+callbacks.stall.rank=1", "+callbacks.stall.step=3",
+        log_dir=tmp_path / "logs", timeout=300,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    (run,) = (tmp_path / "logs" / "runs").iterdir()
+    stacks = [run / "hang-rank0.txt", run / "hang-rank1.txt"]
+    assert f"Every rank's Python stack: {stacks[0]}, {stacks[1]}" in output
+    waiting, stalled = (path.read_text() for path in stacks)
+    # gloo's own words ("Timed out waiting 5000ms ..."): the timeout configured is the key fragment.
+    assert "5000ms" in waiting and "loss.backward" in waiting  # in the gradient AllReduce
+    assert "in stall_here_for_an_hour" in stalled and TIMEOUT_PATTERN.search(stalled.splitlines()[0])
+    last = result.stdout.strip().splitlines()[-1]
+    assert "JobFailedError: rank 0 failed: RuntimeError: " in last and "5000ms" in last, last
+    assert not (run / ".stacks").exists()
+    assert processes_mentioning(str(tmp_path / "logs")) == [], "a process of the run is still alive"
+
+
+def test_debug_ddp_names_mismatched_collectives_at_once(synthetic_data_dir, tmp_path):
+    # At step 2, rank 0 AllReduces 3 numbers and rank 1 5: without the checks gloo would wait or
+    # mix them up; with debug=ddp torch refuses the pair at once and names the operation and shapes.
+    result = run_cli(
+        f"data.data_dir={synthetic_data_dir}", *QUICK, "debug=ddp",
+        "+callbacks.mismatch._target_=probes.MismatchedCollective", "+callbacks.mismatch.step=2",
+        log_dir=tmp_path / "logs", timeout=300,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    # torch's own sentence ("Detected mismatch between collectives on ranks ..."): its key fragments.
+    assert "failed: RuntimeError: " in last and "mismatch" in last.lower(), last
+    assert "ALLREDUCE" in last and "[3]" in last and "[5]" in last
+
+
+def test_a_killed_rank_ends_the_job_within_10_seconds_and_the_last_checkpoint_survives(synthetic_data_dir, tmp_path):
+    # SIGKILL, as the kernel's OOM killer or a lost node does: no Python cleanup in that process.
+    # Rank 1 dies at step 20, in epoch 1 of 2; last.ckpt holds epoch 0 (16 steps).
+    record = tmp_path / "record.jsonl"
+    result = run_cli(
+        f"data.data_dir={synthetic_data_dir}", *(o for o in QUICK if "max_epochs" not in o), "trainer.max_epochs=2",
+        "+callbacks.kill._target_=probes.ElasticProbe", f"+callbacks.kill.record={record}",
+        "+callbacks.kill.kill_rank=1", "+callbacks.kill.kill_step=20", log_dir=tmp_path / "logs", timeout=300,
+    )  # fmt: skip
+    ended = time.time()
+    killed = json.loads(record.read_text().splitlines()[-1])
+    assert killed["killed_step"] == 20 and result.returncode != 0
+    seconds = ended - killed["time"]
+    print(f"rank 1 killed; every process gone {seconds:.1f} s later (exit status {result.returncode})")
+    assert seconds < 10
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.endswith("JobFailedError: rank 1 failed: killed by SIGKILL (exit status -9)"), last
+    assert processes_mentioning(str(tmp_path / "logs")) == [], "a process of the run is still alive"
+    (run,) = (tmp_path / "logs" / "runs").iterdir()
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert (last["epoch"], last["global_step"]) == (0, 16)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch_000.ckpt", "last.ckpt"]
+    assert f"resume this run in place with: {sys.executable} -m mnist_ddp.train hydra.run.dir={run} ckpt_path=last" in (
+        result.stdout + result.stderr
+    )
+
+
+# Saves checkpoint A, then B over it through AtomicCheckpointIO; B's save hangs where it flushes
+# the file to disk (os.fsync made to hang), so the kill below lands after B's bytes are written and
+# before B replaces A: certain timing, where a real kill would land anywhere in the save.
+SAVE_THEN_HANG = """
+import os, sys, time, torch
+from mnist_ddp.distributed.checkpoint_io import AtomicCheckpointIO
+from mnist_ddp.distributed.failures import TIMEOUT_PATTERN
+checkpoint_io = AtomicCheckpointIO()
+checkpoint_io.save_checkpoint({"weights": torch.ones(1_000_000)}, sys.argv[1])
+os.fsync = lambda fd: (print("B written", flush=True), time.sleep(600))
+checkpoint_io.save_checkpoint({"weights": torch.zeros(1_000_000)}, sys.argv[1])
+"""
+
+
+def test_a_kill_while_saving_leaves_the_previous_checkpoint_whole(tmp_path):
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    child = subprocess.Popen([sys.executable, "-c", SAVE_THEN_HANG, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "B written\n"
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    assert torch.equal(torch.load(path, weights_only=True)["weights"], torch.ones(1_000_000)), "A, whole"
+    (leftover,) = [p for p in path.parent.iterdir() if p != path]
+    assert leftover.name.startswith(".last.ckpt.") and leftover.name.endswith(".tmp"), "B stayed beside it"
+    assert torch.equal(torch.load(leftover, weights_only=True)["weights"], torch.zeros(1_000_000))
+    # The next complete save replaces A and clears the killed save's leftover.
+    AtomicCheckpointIO().save_checkpoint({"weights": torch.full((3,), 2.0)}, path)
+    assert list(path.parent.iterdir()) == [path]
+    assert torch.equal(torch.load(path, weights_only=True)["weights"], torch.full((3,), 2.0))
+
+
+def test_two_runs_started_at_once_use_different_rendezvous_ports(synthetic_data_dir, tmp_path):
+    runs = [
+        subprocess.Popen(
+            cli_command(f"data.data_dir={synthetic_data_dir}", *QUICK, log_dir=tmp_path / name),
+            cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for name in ("a", "b")
+    ]  # fmt: skip
+    outputs = [run.communicate(timeout=600)[0] for run in runs]
+    for run, output in zip(runs, outputs):
+        assert run.returncode == 0, output[-5000:]
+    ports = [json.loads(next((tmp_path / name / "runs").iterdir()).joinpath("ddp.json").read_text())["master_port"]
+             for name in ("a", "b")]  # fmt: skip
+    print("rendezvous ports:", ports)
+    assert ports[0] != ports[1]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: SyncBatchNorm and NCCL run only there")
+def test_sync_batchnorm_and_nccl_on_a_gpu(synthetic_data_dir, tmp_path):
+    result = run_cli(
+        f"data.data_dir={synthetic_data_dir}", "trainer.accelerator=gpu", "trainer.devices=1", "trainer.max_epochs=1",
+        "data.val_size=200", "data.global_batch_size=64", "trainer.sync_batchnorm=true", "model.net.batch_norm=true",
+        "strategy=ddp_nccl", "strategy.comm_hook=fp16", log_dir=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    run = next((tmp_path / "runs").iterdir())
+    settings = json.loads(run.joinpath("ddp.json").read_text())
+    assert settings["backend"] == "nccl" and settings["sync_batchnorm"] is True
+    assert settings["comm_hook"] == "fp16_compress_hook" and settings["static_graph"] is True
+    # The GPU's own monitoring: peak memory of the one rank, more than the 0.7 MiB of parameters.
+    (peak_mib,) = read_scalars(run / "tensorboard")["memory/rank_0/peak_mib"]
+    assert 0.7 < peak_mib < 10_000

@@ -1,0 +1,123 @@
+"""Ctrl-C and SIGTERM during a two-process run: every process stops within 10 s, the command exits
+128 + the signal number, the last complete checkpoint is intact and named in the log, and resuming
+from it continues the run to its end.
+
+Ctrl-C in a terminal signals the whole foreground process group; ``kill`` and most schedulers
+signal the process they started (the parent), SLURM's scancel every task. The signals are real,
+sent by this test to the real processes.
+"""
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers import REPO, cli_command, cli_env, processes_mentioning, read_scalars, run_cli
+from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.processes
+
+# 1,000 training images over 2 processes in micro-batches of 32: 16 optimizer steps per epoch.
+RUN = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=4", "data.val_size=200",
+       "data.global_batch_size=64")  # fmt: skip
+STEPS_PER_EPOCH, SIGNAL_STEP = 16, 20  # the signal comes in epoch 1; last.ckpt then holds epoch 0
+# The run that is resumed also logs to CSV and MLflow, which the resume must continue.
+TRACKERS = "logger=[tensorboard,csv,mlflow]"
+
+
+@pytest.mark.parametrize(
+    ("signum", "target"),
+    # SIGTERM to every process (SLURM's scancel): the chaos test's SIGTERM to a worker, and Ctrl-C's
+    # delivery to the whole group, cover its two halves.
+    [(signal.SIGINT, "group"), (signal.SIGTERM, "parent")],
+    ids=["ctrl-c", "kill"],
+)
+def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
+    synthetic_data_dir, tmp_path, signum, target
+):
+    marker, log_dir = tmp_path / "ready", tmp_path / "logs"
+    resumed_here = signum == signal.SIGTERM and target == "parent"  # resumed once: the path is the same for each
+    command = cli_command(
+        f"data.data_dir={synthetic_data_dir}", *RUN, *([TRACKERS] if resumed_here else []),
+        "+callbacks.pause._target_=probes.PauseAfterStep",
+        f"+callbacks.pause.step={SIGNAL_STEP}", f"+callbacks.pause.marker={marker}", log_dir=log_dir,
+    )  # fmt: skip
+    run = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.time() + 300
+        while not marker.exists() and run.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the run never reached the signal step"
+        assert len(processes_mentioning(str(log_dir))) == 3, "the supervisor and its 2 workers"
+        sent = time.time()
+        os.killpg(run.pid, signum) if target == "group" else os.kill(run.pid, signum)
+        while processes_mentioning(str(log_dir)) and time.time() - sent < 30:
+            time.sleep(0.05)
+        seconds = time.time() - sent
+        output = run.communicate(timeout=30)[0]
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    print(f"{signum.name} to the {target}: every process gone {seconds:.1f} s later, exit status {run.returncode}")
+    assert seconds < 10 and processes_mentioning(str(log_dir)) == []
+    assert run.returncode == 128 + signum, output[-3000:]
+
+    (run_dir,) = (log_dir / "runs").iterdir()
+    stopped = re.search(rf"Stopped by {signum.name} in epoch 1 at global step (\d+)\. Last complete checkpoint: "
+                        rf"(\S+)\. Resume this run in place with: {re.escape(sys.executable)} -m mnist_ddp.train "
+                        r"hydra.run.dir=(\S+) ckpt_path=last\n", output)  # fmt: skip
+    assert stopped, output[-3000:]
+    assert SIGNAL_STEP <= int(stopped[1]) < 2 * STEPS_PER_EPOCH
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    assert stopped[2] == str(checkpoint) and stopped[3] == str(run_dir)
+    state = torch.load(checkpoint, weights_only=True)  # whole: it loads
+    assert (state["epoch"], state["global_step"]) == (0, STEPS_PER_EPOCH)
+
+    if resumed_here:
+        # The command the message printed, in place: the run's own overrides are read from its directory.
+        record = tmp_path / "resumed.jsonl"
+        resumed = run_cli(
+            f"hydra.run.dir={run_dir}", "ckpt_path=last", "+callbacks.probe._target_=probes.ElasticProbe",
+            f"+callbacks.probe.record={record}", "+callbacks.probe.kill_rank=-1", "+callbacks.probe.kill_step=-1",
+            log_dir=log_dir,
+        )  # fmt: skip
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        start = json.loads(record.read_text())
+        assert (start["start_epoch"], start["start_step"]) == (1, STEPS_PER_EPOCH), "continues after epoch 0"
+        assert [path.name for path in (log_dir / "runs").iterdir()] == [run_dir.name], "in the run's own directory"
+        final = torch.load(checkpoint, weights_only=True)
+        assert (final["epoch"], final["global_step"]) == (3, 4 * STEPS_PER_EPOCH), "ends with the configured epochs"
+        assert json.loads((run_dir / "metrics.json").read_text())["status"] == "completed"
+        # One TensorBoard run whose every tag's steps increase strictly: the points the stopped run
+        # logged after its checkpoint were replaced, not duplicated (TensorBoard's purge_step).
+        # ("epoch" is logged again at the last step by the validation and test after fit, in any run.)
+        scalars = read_scalars(run_dir / "tensorboard", steps=True)
+        for tag, points in scalars.items():
+            steps = [step for step, _ in points]
+            assert steps == sorted(steps if tag == "epoch" else set(steps)), f"{tag}: {steps}"
+        assert len(scalars["val/acc"]) == 4 + 1, "4 epochs and the best checkpoint's"
+        # CSV likewise: the rows before the checkpoint kept, those after it logged once, by the resume.
+        with (run_dir / "csv" / "metrics.csv").open(newline="") as file:
+            rows = list(csv.DictReader(file))
+        for tag in scalars:
+            steps = [int(row["step"]) for row in rows if row.get(tag)]
+            assert steps == sorted(steps if tag == "epoch" else set(steps)), f"csv {tag}: {steps}"
+            assert len(steps) == len(scalars[tag]), f"csv {tag}: {steps}, TensorBoard: {scalars[tag]}"
+        # MLflow: the same run, continued to the end (its id kept in the run directory).
+        client = MlflowClient(f"sqlite:///{log_dir}/mlflow.db")
+        (mlflow_run,) = client.search_runs([client.get_experiment_by_name("mnist-ddp").experiment_id])
+        assert json.loads((run_dir / "trackers.json").read_text())["mlflow"]["run_id"] == mlflow_run.info.run_id
+        assert mlflow_run.info.status == "FINISHED"
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        assert mlflow_run.data.metrics["test/acc"] == metrics["test/acc"]
+        val_steps = [point.step for point in client.get_metric_history(mlflow_run.info.run_id, "val/acc")]
+        assert val_steps == [step for step, _ in scalars["val/acc"]], "epoch 0 before the signal, the rest after"
+        log_text = (run_dir / "train.log").read_text()
+        assert "Stopped by SIGTERM" in log_text and "Test accuracy" in log_text, "both runs in the run's train.log"

@@ -1,0 +1,139 @@
+"""Bad checkpoints: a path that does not exist, a file cut short or corrupt, a file that would run
+code when unpickled, a checkpoint of another model. Each is one error naming ``ckpt_path``; nothing
+is loaded without ``weights_only``.
+
+The checkpoint here is a real one (conftest.checkpoint): the template's module trained for two
+steps by Lightning in this process and saved by ``trainer.save_checkpoint``.
+"""
+
+import os
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import torchvision
+from helpers import IDX_DATA
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from mnist_ddp.config.command_line import check_command_line
+from mnist_ddp.config.schema import CONFIG_DIR, register_configs
+from mnist_ddp.core.errors import CheckpointError, UsageError
+from mnist_ddp.data.spec import CHECKPOINT_KEY, checkpoint_data_spec, read_data_spec
+from mnist_ddp.distributed.checkpoint_io import check_checkpoint
+from mnist_ddp.models.build import build_model as build_model_for
+
+register_configs()
+
+
+def build_model(*overrides: str) -> L.LightningModule:
+    """The default model (for MNIST's shape) with ``overrides``."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        # A data folder given: the paths group's default resolves through Hydra's run-time config.
+        cfg = compose(config_name="config", overrides=[IDX_DATA, "data.data_dir=.", *overrides])
+    return build_model_for(cfg.model, instantiate(cfg.data).spec)
+
+
+def test_a_checkpoint_of_this_model_passes(checkpoint):
+    check_checkpoint(checkpoint, build_model())
+
+
+def test_a_missing_checkpoint_is_named(tmp_path):
+    with pytest.raises(CheckpointError, match=f"ckpt_path={tmp_path / 'gone.ckpt'}: no such file"):
+        check_checkpoint(tmp_path / "gone.ckpt", build_model())
+
+
+@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+def test_a_truncated_or_corrupt_checkpoint_is_refused(checkpoint, tmp_path, damage):
+    data = checkpoint.read_bytes()
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes(data[: len(data) // 2] if damage == "truncated" else os.urandom(len(data)))
+    with pytest.raises(CheckpointError, match=f"ckpt_path={broken} cannot be read as a checkpoint \\(truncated or"):
+        check_checkpoint(broken, build_model())
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(checkpoint, tmp_path):
+    marker = tmp_path / "code-ran"
+    state = torch.load(checkpoint, weights_only=True)
+    malicious = tmp_path / "malicious.ckpt"
+    torch.save({**state, "payload": RunsCode(marker)}, malicious)
+    with pytest.raises(CheckpointError, match="holds Python objects other than tensors and plain values") as error:
+        check_checkpoint(malicious, build_model())
+    assert "system" in str(error.value), "the message names the refused object"
+    assert not marker.exists(), "loading ran the checkpoint's code"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model=mlp"], "missing keys (6): net.layers.1.bias, net.layers.1.weight, net.layers.4.bias, "
+         "net.layers.4.weight, net.layers.7.bias, net.layers.7.weight; unexpected keys (8): "
+         "net.classifier.1.bias, net.classifier.1.weight, net.classifier.4.bias, net.classifier.4.weight, "
+         "net.features.0.bias, net.features.0.weight, ..."),
+        (["model.net.hidden=64"], "other shapes (3): net.classifier.1.bias (128,) in the checkpoint, (64,) in the "
+         "model, net.classifier.1.weight (128, 1024) in the checkpoint, (64, 1024) in the model, "
+         "net.classifier.4.weight (10, 128) in the checkpoint, (10, 64) in the model."),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_of_another_model_lists_the_mismatched_keys(checkpoint, overrides, message):
+    with pytest.raises(CheckpointError) as error:
+        check_checkpoint(checkpoint, build_model(*overrides))
+    assert f"ckpt_path={checkpoint} was saved from another model configuration: " in str(error.value)
+    assert message in str(error.value)
+
+
+class RunsCode:
+    """Unpickling this runs ``os.system``: what a checkpoint from an untrusted source can hold."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_the_commands_check_the_checkpoint_with_the_command_line(checkpoint, tmp_path, synthetic_data):
+    # Before Hydra creates the run directory: the training command against the model it builds,
+    # eval against the model of the checkpoint's own run (when it left its config).
+    command = ["trainer.accelerator=cpu", f"ckpt_path={checkpoint}", *synthetic_data]
+    with pytest.raises(CheckpointError, match="was saved from another model configuration: missing keys"):
+        check_command_line("config", [*command, "model=mlp"])
+    check_command_line("config", command)
+    check_command_line("eval", command)
+    with pytest.raises(CheckpointError, match="no such file"):
+        check_command_line("eval", ["trainer.accelerator=cpu", f"ckpt_path={tmp_path / 'none.ckpt'}"])
+    with pytest.raises(CheckpointError, match=f"ckpt_path={tmp_path} is a folder. Pass a .ckpt file"):
+        check_command_line("eval", ["trainer.accelerator=cpu", f"ckpt_path={tmp_path}"])
+    # "last" resumes a training run in place; evaluation takes a file.
+    with pytest.raises(UsageError, match="ckpt_path=last: evaluation needs a checkpoint file"):
+        check_command_line("eval", ["trainer.accelerator=cpu", "ckpt_path=last"])
+
+
+def test_a_checkpoint_of_an_earlier_version_is_applied_with_its_runs_mnist_data_set(
+    checkpoint, tmp_path, synthetic_data
+):
+    # Earlier versions kept no data spec in their checkpoints (MNIST's shape throughout): eval,
+    # predict and export take the data set's from the config, and the networks' layers are the same.
+    old = tmp_path / "old.ckpt"
+    state = torch.load(checkpoint, weights_only=True)
+    del state[CHECKPOINT_KEY]
+    torch.save(state, old)
+    assert read_data_spec(old) is None
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="eval", overrides=[f"ckpt_path={old}", *synthetic_data])
+    assert checkpoint_data_spec(old, cfg.data) == read_data_spec(checkpoint) == instantiate(cfg.data).spec
+    check_checkpoint(old, build_model())
+    for command in ("eval", "export"):
+        check_command_line(
+            command, ["trainer.accelerator=cpu", f"ckpt_path={old}", *synthetic_data][command == "export" :]
+        )
+    predict = [
+        "trainer.accelerator=cpu",
+        "trainer.devices=1",
+        f"ckpt_path={old}",
+        *synthetic_data,
+        f"input={tmp_path / 'in.png'}",
+    ]
+    torchvision.io.write_png(torch.zeros(1, 28, 28, dtype=torch.uint8), str(tmp_path / "in.png"))
+    check_command_line("predict", predict)

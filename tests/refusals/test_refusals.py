@@ -1,0 +1,239 @@
+"""Settings the schema cannot see, refused before any process launches and before any run
+directory exists: GPUs this machine does not have, a launcher that started another number of
+processes, options the device cannot run, a log folder that cannot be written, a rendezvous
+address that cannot work, a directory that holds or runs another run.
+
+Each is checked in process, through the function the command runs first
+(:func:`~mnist_ddp.config.command_line.check_command_line`) or the one the supervisor runs before it
+starts the workers; the command line's own contract (one line on stderr, exit status 1, no
+directory) is checked once in refusals/test_refusals_cli.py. The machine here has no GPU, so GPU
+counts are mocked where a machine with GPUs is needed (torch.cuda.is_available / device_count); so
+is SLURM, by its variables.
+"""
+
+import multiprocessing
+import os
+import re
+import socket
+import time
+
+import pytest
+import torch
+
+from mnist_ddp.config.checks import check_output_dir
+from mnist_ddp.config.command_line import check_command_line
+from mnist_ddp.core.errors import ConfigValueError, UsageError
+from mnist_ddp.distributed.layout import check_device_options
+from mnist_ddp.launch.supervisor import check_rendezvous_address, run_dir_lock
+
+CPU = ("trainer.accelerator=cpu", "trainer.devices=2", "data.global_batch_size=64")
+
+
+def refused(*overrides: str) -> str:
+    """The message a command line with ``overrides`` is refused with."""
+    with pytest.raises(UsageError) as error:
+        check_command_line("config", list(overrides))
+    message = str(error.value)
+    assert "\n" not in message, "one line"
+    return message
+
+
+def test_more_gpus_than_the_machine_has_are_refused():
+    # Real: this machine's own GPU count (none here, so any GPU request is more than it has).
+    available = torch.cuda.device_count()
+    expected = (
+        "trainer.accelerator=gpu needs GPUs, but this machine has none: 0 visible"
+        if available == 0
+        else f"trainer.devices={available + 1}: "  # then Lightning's own words, and the count
+    )
+    message = refused("trainer.accelerator=gpu", f"trainer.devices={available + 1}")
+    assert message.startswith(expected) and (available == 0 or f"({available} visible)" in message), message
+
+
+@pytest.mark.parametrize(
+    ("devices", "message"),
+    [
+        # Lightning's own parser counts them (CUDAAccelerator.parse_devices); the message adds the key and the fix.
+        # Patterns: Lightning's words between them are not asserted.
+        ("2", re.compile(r"trainer\.devices=2: .* \(1 visible\)\. Use")),
+        ("[0,3]", re.compile(r"trainer\.devices=\[0, 3\]: .* \(1 visible\)\.")),
+        ("[0,0]", re.compile(r"trainer\.devices=\[0, 0\]: .* \(1 visible\)\.")),
+        ("0", "trainer.devices=0 is not a positive GPU count, a list of GPU indices, -1 or auto (every GPU)."),
+    ],
+)
+def test_gpu_counts_and_indices_are_checked_against_the_visible_gpus(monkeypatch, devices, message, synthetic_data):
+    # Mocked: a machine with one GPU (none exists here).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(ConfigValueError, match=message if isinstance(message, re.Pattern) else re.escape(message)):
+        check_command_line("config", ["trainer.accelerator=gpu", f"trainer.devices={devices}"])
+    check_command_line("config", ["trainer.accelerator=gpu", "trainer.devices=1", *synthetic_data])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # Lightning itself would train in bf16-mixed instead, with a warning.
+        (["trainer.precision=16-mixed"], "trainer.precision=16-mixed (fp16 mixed precision) needs CUDA devices, and "
+         "this run is on cpu. Use trainer.precision=bf16-mixed (mixed precision on CPU) or 32-true."),
+        (["trainer.sync_batchnorm=true", "model.net.batch_norm=true"], "trainer.sync_batchnorm=true needs GPUs"),
+        (["strategy.process_group_backend=nccl"], "strategy.process_group_backend=nccl needs CUDA devices"),
+    ],
+)  # fmt: skip
+def test_gpu_only_options_on_cpu_are_refused(overrides, message):
+    assert refused(*CPU, *overrides).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("environment", "overrides", "message"),
+    [
+        # torchrun with 2 nodes of 1 process: the product matches, the processes per node do not.
+        ({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
+          "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+         ["trainer.devices=2"], "trainer.devices=2 processes per node, but torchrun started 1 per node"),
+        # Mocked SLURM (no cluster here): 2 nodes of 4 tasks.
+        ({"SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "2", "SLURM_JOB_NAME": "train",
+          "SLURM_JOB_ID": "1234",
+          "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "node1"},
+         ["trainer.devices=4", "trainer.num_nodes=1"],
+         # Lightning's own sentence (SLURMEnvironment), then the template's fix: a pattern, its values only.
+         re.compile(r".*num_nodes=1.*--nodes=2.*Set trainer\.num_nodes and trainer\.devices to the launcher's nodes "
+                    r"and processes per node \(sbatch --nodes / --ntasks-per-node\)\.")),
+    ],
+)  # fmt: skip
+def test_a_layout_other_than_the_launchers_is_refused(monkeypatch, environment, overrides, message):
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigValueError) as error:
+        check_command_line("config", ["trainer.accelerator=cpu", "data.global_batch_size=64", *overrides])
+    if isinstance(message, re.Pattern):
+        assert message.match(str(error.value)), str(error.value)
+    else:
+        assert str(error.value).startswith(message)
+
+
+def test_a_log_folder_below_a_file_is_refused(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    log_dir = a_file / "logs"
+    assert refused(*CPU, f"paths.log_dir={log_dir}") == (
+        f"paths.log_dir={log_dir} cannot be written (creating a file in {a_file}: {a_file} is a file). Point "
+        "paths.log_dir at a folder you can write, e.g. paths.log_dir=$HOME/logs."
+    )
+
+
+def test_a_preset_setting_an_argument_the_other_model_lacks_names_it_and_the_fix(synthetic_data):
+    # experiment=fast sets model.net.batch_norm for the CNN; the MLP has no such argument.
+    with pytest.raises(UsageError) as error:
+        check_command_line("config", ["trainer.accelerator=cpu", "experiment=fast", "model=mlp"])
+    message = str(error.value)
+    for fragment in ("model.net.batch_norm is set", "mnist_ddp.models.networks.MLP does not take it",
+                     "drop it with ~model.net.batch_norm"):  # fmt: skip
+        assert fragment in message, message
+    fixed = ["trainer.accelerator=cpu", "experiment=fast", "model=mlp", "~model.net.batch_norm"]
+    check_command_line("config", [*fixed, *synthetic_data])
+
+
+def test_a_busy_master_port_and_an_unresolvable_master_addr_are_refused(monkeypatch):
+    # Real: something listens on the port (as another run's rendezvous or any server would).
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        assert refused(*CPU).startswith(
+            f"MASTER_PORT={port} is busy (something else is listening there): unset MASTER_PORT"
+        )
+    monkeypatch.delenv("MASTER_PORT")
+    with pytest.raises(ConfigValueError, match=r"MASTER_ADDR=no-such-host.invalid does not resolve .*: unset it"):
+        check_rendezvous_address({"MASTER_ADDR": "no-such-host.invalid"})
+    with pytest.raises(ConfigValueError, match="MASTER_PORT=http is not a port number"):
+        check_rendezvous_address({"MASTER_PORT": "http"})
+    check_rendezvous_address({})  # unset: the OS picks a free port
+
+
+@pytest.mark.parametrize("mark", ["checkpoints/last.ckpt", "metrics.json", "tensorboard/events.out.tfevents.1"])
+def test_a_new_run_into_the_directory_of_an_earlier_run_is_refused(tmp_path, mark):
+    # What a run leaves behind that a second one would overwrite: any of these marks a run.
+    log_dir = tmp_path / "logs"
+    run = log_dir / "runs" / "earlier"
+    (run / mark).parent.mkdir(parents=True)
+    (run / mark).write_text("results")
+    before = {path: path.stat().st_mtime_ns for path in run.rglob("*")}
+    assert refused(*CPU, f"hydra.run.dir={run}", f"paths.log_dir={log_dir}") == (
+        f"hydra.run.dir={run} already holds a run: starting another there would overwrite its checkpoints "
+        "and metrics. Start it in another directory (hydra.run.dir=<new folder>, or leave hydra.run.dir unset for "
+        "a fresh one), or resume that run in place with ckpt_path=last and the same directory."
+    )
+    assert {path: path.stat().st_mtime_ns for path in run.rglob("*")} == before, "nothing written"
+    # Resuming in place is the way on; a sweep into an earlier sweep's folder is refused alike.
+    check_output_dir(run, multirun=False, resume=True)
+    with pytest.raises(ConfigValueError, match=f"hydra.sweep.dir={log_dir / 'runs'} already holds a run"):
+        check_output_dir(log_dir / "runs", multirun=True, resume=False)
+    check_output_dir(tmp_path / "new", multirun=False, resume=False)
+
+
+def test_several_nodes_without_a_launcher_are_refused():
+    with pytest.raises(ConfigValueError, match="trainer.num_nodes=2: a run on several machines needs a launcher"):
+        check_command_line("config", ["trainer.accelerator=cpu", "trainer.num_nodes=2"])
+
+
+def test_a_master_addr_of_another_machine_is_refused():
+    # 192.0.2.1 (TEST-NET-1, RFC 5737) is never an address of this machine; nothing is sent to it.
+    with pytest.raises(ConfigValueError, match="MASTER_ADDR=192.0.2.1 is not an address of this machine"):
+        check_rendezvous_address({"MASTER_ADDR": "192.0.2.1"})
+    check_rendezvous_address({"MASTER_ADDR": "127.0.0.1"})
+
+
+def test_a_second_command_into_a_directory_in_use_is_refused(tmp_path):
+    # A real second process holds the directory, as a command started a moment earlier would
+    # (forked from this one: the same code, without the seconds of a fresh interpreter's imports).
+    context = multiprocessing.get_context("fork")
+    holding = context.Event()
+    holder = context.Process(target=hold_run_dir, args=(tmp_path, holding), daemon=True)
+    holder.start()
+    try:
+        assert holding.wait(timeout=30)
+        with pytest.raises(ConfigValueError, match=rf"{tmp_path} is in use by another run \(pid {holder.pid}\)"):
+            with run_dir_lock(tmp_path):
+                pass
+    finally:
+        holder.kill()
+        holder.join(timeout=30)
+    with run_dir_lock(tmp_path):  # released when its holder ended, even by SIGKILL
+        assert (tmp_path / ".lock").read_text() == str(os.getpid())
+
+
+def hold_run_dir(path, holding) -> None:
+    with run_dir_lock(path):
+        holding.set()
+        time.sleep(600)
+
+
+def test_nccl_and_sync_batchnorm_need_cuda():
+    with pytest.raises(ConfigValueError, match="process_group_backend=nccl needs CUDA devices, but this run is on cpu"):
+        check_device_options("cpu", "nccl", sync_batchnorm=False)
+    with pytest.raises(ConfigValueError, match="sync_batchnorm=true needs GPUs"):
+        check_device_options("cpu", None, sync_batchnorm=True)
+    check_device_options("cpu", "gloo", sync_batchnorm=False)
+    check_device_options("cuda", "nccl", sync_batchnorm=True)
+    check_device_options("cuda", "gloo", sync_batchnorm=False)  # gloo also runs on GPUs
+
+
+def test_a_resume_in_place_with_nothing_to_resume_is_refused(tmp_path, synthetic_data):
+    # Lightning would warn deep in the log and train afresh; the command says so before anything.
+    run = tmp_path / "run"
+    assert "does not exist" in refused(*CPU, f"hydra.run.dir={run}", "ckpt_path=last")
+    run.mkdir()
+    assert "holds no checkpoints/last.ckpt" in refused(*CPU, f"hydra.run.dir={run}", "ckpt_path=last")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"a checkpoint")
+    (run / "metrics.json").write_text('{"status": "stopped"}')
+    check_command_line("config", [*CPU, f"hydra.run.dir={run}", "ckpt_path=last", *synthetic_data])
+    (run / "metrics.json").write_text('{"status": "completed"}')
+    assert "completed (its metrics.json), so there is nothing to resume" in refused(
+        *CPU, f"hydra.run.dir={run}", "ckpt_path=last"
+    )
+    # An unset shell variable would make the current folder (the checkout) the run directory.
+    assert refused(*CPU, "hydra.run.dir=", "ckpt_path=last").startswith("hydra.run.dir is empty")

@@ -1,0 +1,108 @@
+"""Refusals through the real command line, as one line before any process launches and before
+any run directory exists: a launcher that started another number of processes (torchrun, for
+real), a log folder that cannot be written, a typo (found before torch is even imported), a
+global batch that does not split.
+
+What each refusal says, GPUs this machine does not have, SyncBatchNorm and NCCL on CPU and the
+rendezvous address included, is checked in process: test_refusals.py.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from helpers import REPO, cli_command, cli_env, run_cli, torchrun
+
+pytestmark = pytest.mark.processes
+
+QUICK = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "data.global_batch_size=64")
+
+
+def assert_refused_before_anything(result, log_dir: Path, message: str) -> None:
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.stderr.startswith(f"Error: {message}"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (log_dir / "runs").exists(), "no run directory, no process"
+
+
+def test_num_nodes_that_torchrun_did_not_start_are_refused_in_every_process(synthetic_data_dir, tmp_path):
+    result = torchrun(
+        "--standalone", "--nproc-per-node=2",
+        overrides=(f"data.data_dir={synthetic_data_dir}", *QUICK, "trainer.num_nodes=2"), log_dir=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0
+    # Lightning's own sentence (TorchElasticEnvironment) names the settings; the template adds the fix.
+    fix = (
+        "Set trainer.num_nodes and trainer.devices to the launcher's nodes and processes per node "
+        "(torchrun --nnodes / --nproc-per-node)."
+    )
+    refusals = re.findall(
+        rf"Error: [^\n]*devices=2[^\n]*num_nodes=2[^\n]*{re.escape(fix)}", result.stdout + result.stderr
+    )
+    assert len(refusals) == 2, "each of the 2 processes refuses"
+    assert not (tmp_path / "runs").exists(), "no run directory"
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root needs setpriv to drop rights")
+def test_a_read_only_log_folder_is_refused(synthetic_data_dir):
+    # Permission bits do not stop root: as root (CI), the command runs as user nobody (setpriv).
+    top = Path(tempfile.mkdtemp(prefix="read-only-"))  # not under pytest's tmp_path, which is private to root
+    try:
+        top.chmod(0o755)
+        (top / "logs").mkdir(mode=0o555)
+        home = top / "home"  # writable for the user, for matplotlib's cache
+        home.mkdir()
+        command = cli_command(f"data.data_dir={synthetic_data_dir}", *QUICK, log_dir=top / "logs")
+        if os.geteuid() == 0:
+            os.chown(home, 65534, 65534)
+            command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command]
+        env = cli_env(HOME=str(home), MPLCONFIGDIR=str(home))
+        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        logs = top / "logs"
+        message = f"paths.log_dir={logs} cannot be written (creating a file in {logs}: Permission denied)"
+        assert_refused_before_anything(result, logs, message)
+    finally:
+        shutil.rmtree(top)
+
+
+@pytest.mark.parametrize(("module", "typo"), [("mnist_ddp.train", "data.global_batch_sze=64"),
+                                             ("mnist_ddp.eval", "trainer.devics=2")])  # fmt: skip
+def test_a_typo_is_refused_before_torch_is_imported(module, typo, tmp_path):
+    # The keys are checked with Hydra alone (config/compose.py): torch and Lightning take seconds.
+    command = cli_command(typo, log_dir=tmp_path, module=module)
+    command[1:1] = ["-X", "importtime"]  # Python lists every module it imports on stderr
+    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert "hydra" in imported and "torch" not in imported and "lightning" not in imported
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert result.returncode == 1 and errors[0].startswith(f"Error: Unknown key {typo.split('=')[0]}"), errors
+    assert len(errors) == 1 and not list(tmp_path.iterdir()), "one line, nothing written"
+
+
+# --- a refused command line -------------------------------------------------------------------
+
+
+BATCH_SPLIT = (
+    "data.global_batch_size=63",
+    "data.global_batch_size=63 does not split evenly over world_size=2 processes x "
+    "trainer.accumulate_grad_batches=1: it must be a multiple of 2. Use data.global_batch_size=62 or 64.",
+)
+
+
+def test_a_bad_command_line_is_one_line_before_any_process_or_directory(tmp_path):
+    # The command's contract; each refusal's message is checked in process (config/test_config.py).
+    override, message = BATCH_SPLIT
+    result = run_cli("trainer.accelerator=cpu", override, log_dir=tmp_path)
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"Error: {message}")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- the rendezvous address and the run directory ----------------------------------------------

@@ -1,0 +1,102 @@
+"""``pip install .`` (not editable), as a cluster image installs the project: the console scripts
+find ``conf/`` as package data of the installed copy, from any directory.
+
+The project is installed from a copy of this working tree as git would clone it (so neither this
+tree's ``build/`` nor its egg-info takes part), into a fresh virtual environment whose
+site-packages reaches this one's as a plain path: the dependencies without installing them again,
+and without this project's own editable install, whose ``.pth`` files that path does not run.
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import REPO, cli_env
+
+pytestmark = pytest.mark.processes
+
+
+def clean_copy(destination: Path) -> Path:
+    """The files git tracks or would track (uncommitted work included, ignored files not)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split("\0")  # fmt: skip
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, destination / name)
+    return destination
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> tuple[Path, Path]:
+    """A fresh virtual environment with the project installed non-editable: (its bin/, its site-packages)."""
+    root = tmp_path_factory.mktemp("packaging")
+    project = clean_copy(root / "project")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=60)
+    python = root / "venv" / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())  # fmt: skip
+    # A plain path: the packages (setuptools for the build too), not the .pth files inside that folder.
+    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = "import importlib.util as u; s = u.find_spec('mnist_ddp'); print(s and s.origin)"
+    found = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert found == "None", f"this project's editable install leaks into the new environment: {found}"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+         "--no-build-isolation", str(project)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    found = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert found == str(site / "mnist_ddp" / "__init__.py")
+    return python.parent, site
+
+
+def run_script(venv: tuple[Path, Path], script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """An installed console script, from ``cwd``, in a fresh shell's environment (no PYTHONPATH)."""
+    env = {key: value for key, value in cli_env().items() if key != "PYTHONPATH"}
+    return subprocess.run([str(venv[0] / script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_wheel_carries_every_module_and_config(venv):
+    site = venv[1]
+    source, installed = REPO / "src" / "mnist_ddp", site / "mnist_ddp"
+    # pyproject.toml lists the packages by hand: a subpackage missing there would be missing here.
+    assert sorted(p.relative_to(installed) for p in installed.rglob("*.py")) == sorted(
+        p.relative_to(source) for p in source.rglob("*.py")
+    )
+    configs = sorted(p.relative_to(REPO / "conf") for p in (REPO / "conf").rglob("*.yaml"))
+    assert len(configs) > 10 and sorted(p.relative_to(installed / "conf") for p in installed.rglob("*.yaml")) == configs
+
+
+def test_the_installed_console_scripts_compose_the_packaged_config_from_anywhere(venv, tmp_path):
+    site = venv[1]
+    # --info all: Hydra's search path and the composed config, without running the job.
+    result = run_script(venv, "mnist-ddp-train", "--info", "all", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    main_search_path = re.search(r"^\| main +\| file://(\S+) +\|$", result.stdout, re.MULTILINE)
+    assert main_search_path and main_search_path[1] == str(site / "mnist_ddp" / "conf"), result.stdout[:3000]
+    assert str(REPO) not in result.stdout
+    cfg = yaml.safe_load(result.stdout.split("\nConfig\n******\n")[1])
+    assert cfg["data"]["global_batch_size"] == 128 and cfg["data"]["subdir"] == "MNIST/raw"  # conf/data/
+    assert cfg["model"]["net"]["_target_"] == "mnist_ddp.models.networks.CNN"  # conf/model/cnn.yaml
+
+    # The checks before Hydra (config/checks.py) compose the config too: a value only the composed
+    # config refuses, and a group option listed from the packaged conf/data/.
+    result = run_script(
+        venv, "mnist-ddp-train", "trainer.accelerator=cpu", "trainer.devices=2", "data.global_batch_size=127",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1 and result.stderr.startswith(
+        "Error: data.global_batch_size=127 does not split evenly over world_size=2 processes"
+    ), result.stderr[-3000:]
+    result = run_script(venv, "mnist-ddp-eval", "data=nosuch", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.startswith(
+        "Error: data=nosuch: no such option in conf/data/ (available: fashion_mnist, folder, idx, mnist)."
+    ), result.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == [], "a refused command writes nothing"

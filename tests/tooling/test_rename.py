@@ -1,0 +1,185 @@
+"""``make rename NAME=...`` turns a copy of the template into a project of another name, whose own
+``make test`` passes and whose console script trains with DDP.
+
+The copy is this working tree as a fresh git checkout in a temporary folder. Its ``.venv`` is made
+the way ``make`` would see an installed one, without downloading the dependencies a second time:
+a virtual environment whose site-packages reaches this one's as a plain path (so this project's
+own editable install, ``mnist_ddp``, is not importable there), with the renamed project installed
+into it editable by pip. Then the renamed project's ``make test`` runs a quick subset of its tests.
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from helpers import REPO, cli_env, make_image_folder
+
+pytestmark = pytest.mark.processes
+
+# Joined here, not written out: the rename refuses a name that is already a word of the code.
+NEW_DIST, NEW_PACKAGE = "-".join(("acme", "vision")), "_".join(("acme", "vision"))
+#: The renamed project's quick subset: its configs compose under the renamed schema, and every
+#: class named by a _target_ imports from the renamed package with the configs' defaults (a real
+#: training run of the renamed project, through its command-line check, is the console-script test
+#: below); and, with the project's default data set changed to a folder of its own, the tests of the
+#: configs, their refusals and the IDX data, which choose the data set they read themselves (all in
+#: process: a test that starts processes is marked ``processes``).
+QUICK_TESTS = " ".join(
+    f"tests/{path}.py"
+    for path in ("config/test_defaults", "config/test_config", "refusals/test_refusals", "data/test_data")
+)
+
+
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def rename(project: Path, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "tools/rename.py", name], cwd=project, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """This working tree as git would clone it (uncommitted work included, ignored files not),
+    committed as the first commit of a fresh repository."""
+    project = tmp_path_factory.mktemp("clone") / "project"
+    for name in git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=REPO).split("\0"):
+        if name and (REPO / name).is_file():
+            (project / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, project / name)
+    git("init", "--quiet", cwd=project)
+    git("add", "--all", cwd=project)
+    git("-c", "user.name=test", "-c", "user.email=test@localhost", "commit", "--quiet", "-m", "template", cwd=project)
+    return project
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("my project", "is not a project name"),
+        ("json", "would shadow Python's own 'json'"),
+        ("Lightning", "would shadow Python's own 'lightning'"),
+        ("mnist_ddp", "already named mnist-ddp"),
+        ("ddp", "ddp is already a word in"),
+    ],
+)
+def test_a_name_that_cannot_work_is_refused_and_nothing_changes(clone, name, message):
+    result = rename(clone, name)
+    assert result.returncode == 1 and result.stderr.startswith("Error: ") and message in result.stderr
+    assert git("status", "--porcelain", cwd=clone) == ""
+
+
+def test_uncommitted_changes_are_refused(clone):
+    (clone / "scratch.txt").write_text("work in progress\n")
+    try:
+        result = rename(clone, NEW_DIST)
+        assert result.returncode == 1 and "uncommitted changes" in result.stderr
+        assert (clone / "src" / "mnist_ddp").is_dir()
+    finally:
+        (clone / "scratch.txt").unlink()
+
+
+@pytest.fixture(scope="module")
+def renamed(clone) -> Path:
+    # What `pip install --editable .` leaves in a clone (ignored by git).
+    (clone / "src" / "mnist_ddp.egg-info").mkdir()
+    (clone / "src" / "mnist_ddp.egg-info" / "PKG-INFO").write_text("Name: mnist-ddp\n")
+    result = rename(clone, NEW_DIST)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"Renamed mnist-ddp -> {NEW_DIST} (package mnist_ddp -> {NEW_PACKAGE}) in ")
+    return clone
+
+
+def test_no_trace_of_the_old_name_is_left(renamed):
+    assert not (renamed / "src" / "mnist_ddp").exists() and (renamed / "src" / NEW_PACKAGE / "train.py").is_file()
+    assert not (renamed / "src" / "mnist_ddp.egg-info").exists(), "the old distribution's metadata is gone"
+    leftovers = [
+        path for path in renamed.rglob("*")
+        if ".git" not in path.parts and path.is_file() and path.suffix != ".png"
+        and any(old in path.read_text() for old in ("mnist_ddp", "mnist-ddp", "MNIST_DDP"))
+    ]  # fmt: skip
+    assert leftovers == []
+    assert (renamed / "README.md").read_text().splitlines()[0] == f"# {NEW_DIST}"
+    pyproject = (renamed / "pyproject.toml").read_text()
+    assert f'name = "{NEW_DIST}"' in pyproject and f'{NEW_DIST}-train = "{NEW_PACKAGE}.train:cli"' in pyproject
+    assert (
+        f"_target_: {NEW_PACKAGE}.data.datamodule.MNISTDataModule"
+        in (renamed / "conf" / "data" / "idx.yaml").read_text()
+    )
+    # git sees the package's files as renamed (and edited), not as deleted and added anew: each one
+    # whose lines are not mostly the package's name (git's threshold: 50% similar; the entry points,
+    # 36 lines of imports and references, fall below it).
+    git("add", "--all", cwd=renamed)
+    status = git("diff", "--cached", "--name-status", "-M", cwd=renamed)
+    for module in ("run/train.py", "data/datamodule.py", "models/networks.py", "config/checks.py"):
+        assert re.search(rf"^R\d+\tsrc/mnist_ddp/{module}\tsrc/{NEW_PACKAGE}/{module}$", status, re.MULTILINE), status
+
+
+@pytest.fixture(scope="module")
+def installed(renamed) -> Path:
+    """The renamed project with its .venv: this environment's packages, the renamed project editable."""
+    venv = renamed / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    target = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    # A plain path: the packages, not the .pth files (editable installs) inside that folder.
+    Path(target, "template-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+         "--no-build-isolation", "--editable", str(renamed)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    (venv / ".installed").touch()  # make's marker: the environment is up to date with pyproject.toml
+    probe = f"import importlib.util as u; print(u.find_spec('mnist_ddp'), u.find_spec('{NEW_PACKAGE}').origin)"
+    found = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert found == ["None", str(renamed / "src" / NEW_PACKAGE / "__init__.py")]
+    return renamed
+
+
+def clean_env() -> dict[str, str]:
+    """A fresh shell's environment: no launcher variables, no PYTHONPATH (the renamed project finds
+    its own tests' helpers), nothing of this pytest run or of a make that started it."""
+    drop = ("PYTHONPATH", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    return {key: value for key, value in cli_env().items() if key not in drop and not key.startswith("PYTEST_")}
+
+
+def test_the_renamed_projects_make_test_passes(installed, tmp_path):
+    # The user's own data set, a folder of images, made the project's default (conf/config.yaml).
+    colours = make_image_folder(tmp_path / "colours", counts={"train": 6, "test": 2})
+    (installed / "conf" / "data" / "colours.yaml").write_text(f"defaults:\n  - folder\n  - _self_\nroot: {colours}\n")
+    config = installed / "conf" / "config.yaml"
+    config.write_text(config.read_text().replace("  - data: mnist\n", "  - data: colours\n", 1))
+    assert "  - data: colours\n" in config.read_text()
+    env = clean_env()
+    result = subprocess.run(
+        ["make", "test", f"PYTEST_ARGS=-n 0 -p no:cacheprovider {QUICK_TESTS}"],
+        cwd=installed, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "pip install" not in result.stdout, "make must take the prepared .venv as installed"
+    summary = result.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "skipped" not in summary, summary
+
+
+def test_the_renamed_console_scripts_run_the_renamed_package(installed, tmp_path):
+    # Training itself is the renamed make test's (its configs instantiate the renamed classes) and
+    # every other system test's; here, the console scripts: each runs its renamed entry point,
+    # composes the renamed package's config and refuses a typo as the template's do.
+    # export has no trainer (one process): its typo is another key.
+    for command, typo in [("train", "trainer.devics"), ("eval", "trainer.devics"), ("predict", "trainer.devics"),
+                          ("export", "data.global_batch_sze")]:  # fmt: skip
+        result = subprocess.run(
+            [str(installed / ".venv" / "bin" / f"{NEW_DIST}-{command}"), f"+{typo}=2",
+             f"paths.log_dir={tmp_path / 'logs'}"],
+            cwd=installed, env=clean_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 1, (command, result.stdout[-2000:], result.stderr[-2000:])
+        assert result.stderr.startswith(f"Error: Unknown key {typo}"), (command, result.stderr[-2000:])
+    assert not (tmp_path / "logs").exists()
