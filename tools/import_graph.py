@@ -1,12 +1,13 @@
 """Print the package's import graph by layer: which of its packages each one imports.
 
-    python tools/import_graph.py [--modules]
+    python tools/import_graph.py [--modules | --cycles]
 
 One line per package of ``src/mnist_ddp`` (entry points count as one, ``<entry points>``), in the
 order of the layer contract in ``pyproject.toml``, highest first, with the packages it imports
 directly; ``--modules`` lists the module-to-module imports under each. Read by grimp, the import
 graph library behind import-linter (``pip install -e '.[dev]'``), from the source files: nothing of
-the package is run.
+the package is run. ``--cycles`` prints instead each loop of modules that import each other (inside
+a package too, where the layer contract does not look) and exits 1 if there is one.
 """
 
 import argparse
@@ -27,12 +28,31 @@ def layers() -> list[str]:
     return [name.strip() for layer in contract["layers"] for name in layer.split("|")]
 
 
+def module_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Each loop of modules that import each other, as the chain ``[a, b, ..., a]``, once per set of modules."""
+    cycles, seen = [], set()
+    for module in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            chain = graph.find_shortest_chain(importer=imported, imported=module)
+            if chain and frozenset(chain) not in seen:
+                seen.add(frozenset(chain))
+                cycles.append([module, *chain])
+    return cycles
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modules", action="store_true", help="list the module imports under each package")
+    parser.add_argument("--cycles", action="store_true", help="list the loops of modules; exit 1 if there is one")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     graph = grimp.build_graph("mnist_ddp", cache_dir=None)
+    if args.cycles:
+        cycles = module_cycles(graph)
+        for cycle in cycles:
+            print(" -> ".join(cycle))
+        print(f"{len(cycles)} loop(s) of modules that import each other")
+        sys.exit(1 if cycles else 0)
     entry_points = {"train", "eval", "predict", "export", "download"}
 
     def package(module: str) -> str:

@@ -1,5 +1,6 @@
 """The package's layers point one way: the import-linter contract in pyproject.toml holds for
-``src/``, and breaks, naming the import, when a lower layer imports a higher one."""
+``src/``, and breaks, naming the import, when a lower layer imports a higher one; and no modules
+import each other in a loop, inside a package either (``tools/import_graph.py --cycles``)."""
 
 import shutil
 import subprocess
@@ -35,3 +36,29 @@ def test_an_import_of_a_higher_layer_breaks_the_contract(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Layers point one way BROKEN" in result.stdout
     assert "mnist_ddp.core.files -> mnist_ddp.config.schema" in result.stdout, result.stdout
+
+
+def module_cycles(root: Path) -> subprocess.CompletedProcess:
+    """``tools/import_graph.py --cycles`` on the tree at ``root``."""
+    return subprocess.run(
+        [sys.executable, str(root / "tools" / "import_graph.py"), "--cycles"],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_no_modules_import_each_other_in_a_loop():
+    result = module_cycles(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "0 loop(s) of modules that import each other"
+
+
+def test_a_loop_inside_a_package_is_found(tmp_path):
+    # Inside one layer, where the contract does not look: the worker imports the supervisor back.
+    shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    shutil.copytree(ROOT / "tools", tmp_path / "tools")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    worker = tmp_path / "src" / "mnist_ddp" / "launch" / "worker.py"
+    worker.write_text(worker.read_text() + "\nfrom mnist_ddp.launch.supervisor import JOB_FILE  # noqa\n")
+    result = module_cycles(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "mnist_ddp.launch.supervisor -> mnist_ddp.launch.worker -> mnist_ddp.launch.supervisor" in result.stdout

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mnist_ddp.config.compose import composed_jobs, with_trainer_arguments
 from mnist_ddp.config.resume import in_place_run_dir, override_key, resume_arguments
+from mnist_ddp.config.saved_run import CHECKPOINT_USES, apply_run_settings, run_data_option
 from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.core.environment import launcher_rank
 from mnist_ddp.core.errors import UsageError, exit_on_usage_error
@@ -70,7 +71,6 @@ def run_command(cfg: DictConfig, config_name: str, task: str, in_process: bool) 
     # torch and Lightning (seconds to import) only now: the command line was checked before.
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    from mnist_ddp.config.saved_run import apply_run_settings
     from mnist_ddp.launch.job import run_job
 
     if rank_zero_only.rank == 0:  # every process runs this under torchrun or SLURM
@@ -113,22 +113,6 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
     main()
     if failed_jobs():
         sys.exit(1)
-
-
-#: The entry points that apply a training run's checkpoint (its model, its data set) instead of
-#: training, and what each does with it (for the messages).
-CHECKPOINT_USES = {"eval": "evaluation", "predict": "prediction", "export": "export"}
-
-
-def run_data_option(checkpoint: Path) -> str | None:
-    """The ``data`` option (``mnist``, ``folder``, ...) of the run that wrote ``checkpoint``
-    (``<run>/checkpoints/<file>.ckpt``), from the Hydra record in its ``.hydra/hydra.yaml``; None
-    without one."""
-    record = Path(checkpoint).parent.parent / ".hydra" / "hydra.yaml"
-    if not record.is_file():
-        return None
-    choice = OmegaConf.select(OmegaConf.load(record), "hydra.runtime.choices.data", default=None)
-    return str(choice) if choice else None
 
 
 def with_data_set_of_run(args: Sequence[str]) -> list[str]:

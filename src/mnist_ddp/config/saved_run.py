@@ -15,15 +15,28 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from mnist_ddp.config.command_line import CHECKPOINT_USES, run_data_option
 from mnist_ddp.config.schema import ModelConfig, upgrade_targets
 from mnist_ddp.core.errors import ConfigValueError
 
 log = logging.getLogger(__name__)
-info = rank_zero_only(log.info)
+
+#: The entry points that apply a training run's checkpoint (its model, its data set) instead of
+#: training, and what each does with it (for the messages).
+CHECKPOINT_USES = {"eval": "evaluation", "predict": "prediction", "export": "export"}
+
+
+def run_data_option(checkpoint: Path) -> str | None:
+    """The ``data`` option (``mnist``, ``folder``, ...) of the run that wrote ``checkpoint``
+    (``<run>/checkpoints/<file>.ckpt``), from the Hydra record in its ``.hydra/hydra.yaml``; None
+    without one."""
+    record = Path(checkpoint).parent.parent / ".hydra" / "hydra.yaml"
+    if not record.is_file():
+        return None
+    choice = OmegaConf.select(OmegaConf.load(record), "hydra.runtime.choices.data", default=None)
+    return str(choice) if choice else None
+
 
 #: The keys of ``data`` that say where a data set is and how it is loaded, not which data set it is:
 #: a command that applies a run's checkpoint takes them from its own command line when it sets them.
@@ -58,7 +71,7 @@ def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: s
     Args:
         cfg: the job's config (eval, predict or export).
         overrides: the job's command-line overrides.
-        config_name: the command (a key of :data:`~mnist_ddp.config.command_line.CHECKPOINT_USES`), for the messages.
+        config_name: the command (a key of :data:`CHECKPOINT_USES`), for the messages.
         log_them: log which settings were taken (the entry point, once per job; not the check).
 
     Raises:
@@ -79,10 +92,12 @@ def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: s
     if not log_them:
         return
     if run is not None:
-        info(f"Model and data set of the checkpoint's run ({run_config_path(checkpoint)}): "
-             f"{', '.join(taken) or 'the data set is the same as this command'}")  # fmt: skip
+        log.info(
+            f"Model and data set of the checkpoint's run ({run_config_path(checkpoint)}): "
+            f"{', '.join(taken) or 'the data set is the same as this command'}"
+        )
     else:
-        info(
+        log.info(
             f"No run config at {run_config_path(checkpoint)}: using this command's model "
             f"({cfg.model.net._target_}) and data set ({cfg.data._target_})"
         )

@@ -41,14 +41,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from mnist_ddp.core.errors import ConfigValueError, JobFailedError
 from mnist_ddp.core.files import write_atomically
 from mnist_ddp.distributed.failures import TIMEOUT_PATTERN, describe_failure, root_failure
-from mnist_ddp.launch.worker import SUPERVISOR_ENV
+from mnist_ddp.launch.worker import STACKS_DIR, SUPERVISOR_ENV
 
 log = logging.getLogger(__name__)
 
 #: The job file in the run directory: what every worker runs, with the config resolved.
 JOB_FILE = Path(".hydra") / "job.yaml"
-#: Where in the run directory each worker writes its stacks when it is stopped (``rank<r>.txt``).
-STACKS_DIR = ".stacks"
 
 
 class JobInterrupted(Exception):

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: Set in each worker's environment by the supervisor: its pid.
 SUPERVISOR_ENV = "MNIST_DDP_SUPERVISOR_PID"
+#: Where in the run directory each worker writes its stacks when it is stopped (``rank<r>.txt``).
+STACKS_DIR = ".stacks"
 
 #: ``prctl`` option: the signal this process gets when its parent dies (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
@@ -154,7 +156,6 @@ def main() -> None:
     from mnist_ddp.callbacks.signals import dump_stacks_on_stop_signals
     from mnist_ddp.core.errors import UsageError
     from mnist_ddp.distributed.failures import PEER_LOST_PATTERN, TIMEOUT_PATTERN
-    from mnist_ddp.launch.supervisor import STACKS_DIR
 
     job = OmegaConf.load(sys.argv[1])
     # The job's config as a root of its own: its interpolations (${seed}) resolve against it.
