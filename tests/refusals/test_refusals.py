@@ -20,7 +20,7 @@ import time
 import pytest
 import torch
 
-from mnist_ddp.config.checks import check_output_dir
+from mnist_ddp.config.checks import BASIC_SWEEPER, check_output_dir, check_sweep_dir
 from mnist_ddp.config.command_line import check_command_line
 from mnist_ddp.core.errors import ConfigValueError, UsageError
 from mnist_ddp.distributed.layout import check_device_options
@@ -167,11 +167,11 @@ def test_a_new_run_into_the_directory_of_an_earlier_run_is_refused(tmp_path, mar
         "a fresh one), or resume that run in place with ckpt_path=last and the same directory."
     )
     assert {path: path.stat().st_mtime_ns for path in run.rglob("*")} == before, "nothing written"
-    # Resuming in place is the way on; a sweep into an earlier sweep's folder is refused alike.
-    check_output_dir(run, multirun=False, resume=True)
-    with pytest.raises(ConfigValueError, match=f"hydra.sweep.dir={log_dir / 'runs'} already holds a run"):
-        check_output_dir(log_dir / "runs", multirun=True, resume=False)
-    check_output_dir(tmp_path / "new", multirun=False, resume=False)
+    # Resuming in place is the way on; a sweep into a folder of runs that is no sweep is refused too.
+    check_output_dir(run, resume=True)
+    with pytest.raises(ConfigValueError, match=f"hydra.sweep.dir={log_dir / 'runs'} already holds runs but no sweep"):
+        check_sweep_dir(log_dir / "runs", [], resume=False, sweeper=BASIC_SWEEPER)
+    check_output_dir(tmp_path / "new", resume=False)
 
 
 def test_several_nodes_without_a_launcher_are_refused():

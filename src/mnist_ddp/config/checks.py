@@ -30,12 +30,11 @@ from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from mnist_ddp.config.command_line import CHECKPOINT_USES
-from mnist_ddp.config.compose import Job, child_config
-from mnist_ddp.config.saved_run import apply_run_settings
+from mnist_ddp.config.compose import Job, child_config, sweep_jobs, task_overrides
+from mnist_ddp.config.saved_run import CHECKPOINT_USES, apply_run_settings
 from mnist_ddp.core.environment import external_launcher, launched_externally, launcher_rank, launcher_restarts
 from mnist_ddp.core.errors import ConfigValueError, UsageError, first_line
-from mnist_ddp.core.run_dir import METRICS_FILE
+from mnist_ddp.core.run_dir import LAST_CHECKPOINT, METRICS_FILE
 from mnist_ddp.data.inputs import check_inputs
 from mnist_ddp.data.spec import DataSpec, check_same_data, read_data_spec
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
@@ -73,6 +72,7 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
         return
     training = config_name not in CHECKPOINT_USES
     data_sets: list[tuple[dict, L.LightningDataModule]] = []  # each data set once: its resolved node, its DataModule
+    sweeper = jobs[0].cfg.hydra.sweeper._target_  # before _output_dir drops the hydra node
     for job in jobs:
         output_dir = _output_dir(job)
         cfg = job.cfg
@@ -90,9 +90,12 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
     if not launched_externally() and config_name != "export":  # an export forms no process group
         check_rendezvous_address()
     resume = cfg.get("ckpt_path") == "last"
-    if resume and not job.multirun:
-        check_resume_in_place(output_dir)
-    check_output_dir(output_dir, job.multirun, resume)
+    if job.multirun:
+        check_sweep_dir(output_dir, task_overrides(job.command), resume, sweeper)
+    else:
+        if resume:
+            check_resume_in_place(output_dir)
+        check_output_dir(output_dir, resume)
     if not launched_externally():  # under torchrun or SLURM, Lightning prepares the data on each node
         for _, datamodule in data_sets:
             check_data(datamodule, training=training)
@@ -191,7 +194,7 @@ def check_resume_in_place(run_dir: Path) -> None:
     """
     if launcher_restarts() > 0:
         return
-    last = run_dir / "checkpoints" / "last.ckpt"
+    last = run_dir / LAST_CHECKPOINT
     if not last.is_file():
         where = (
             "does not exist" if not run_dir.exists() else "holds no checkpoints/last.ckpt (stopped before its first)"
@@ -210,23 +213,76 @@ def check_resume_in_place(run_dir: Path) -> None:
         )
 
 
-def check_output_dir(output_dir: Path, multirun: bool, resume: bool) -> None:
-    """Refuse to start a run into the directory of an earlier one, before anything is written: it
-    would overwrite that run's checkpoints and metrics and add a second series to its TensorBoard
-    run. Resuming that run in place (``ckpt_path=last``) and a launcher's restart of the job
-    (torchrun ``--max-restarts``, a SLURM requeue) are the exceptions; so are the processes other
-    than global rank 0 under torchrun or SLURM (rank 0 checks, before any of them writes).
+def check_output_dir(output_dir: Path, resume: bool) -> None:
+    """Refuse to start a single run (a sweep: :func:`check_sweep_dir`) into the directory of an
+    earlier one, before anything is written: it would overwrite that run's checkpoints and metrics
+    and add a second series to its TensorBoard run. Resuming that run in place (``ckpt_path=last``)
+    and a launcher's restart of the job (torchrun ``--max-restarts``, a SLURM requeue) are the
+    exceptions; so are the processes other than global rank 0 under torchrun or SLURM (rank 0
+    checks, before any of them writes).
 
     Raises:
         ConfigValueError: naming the directory and the ways on.
     """
     if resume or launcher_restarts() > 0 or launcher_rank() > 0 or not holds_a_run(output_dir):
         return
-    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     raise ConfigValueError(
-        f"{key}={output_dir} already holds a run: starting another there would overwrite its checkpoints and "
-        f"metrics. Start it in another directory ({key}=<new folder>, or leave {key} unset for a fresh one), "
-        "or resume that run in place with ckpt_path=last and the same directory."
+        f"hydra.run.dir={output_dir} already holds a run: starting another there would overwrite its checkpoints "
+        "and metrics. Start it in another directory (hydra.run.dir=<new folder>, or leave hydra.run.dir unset for "
+        "a fresh one), or resume that run in place with ckpt_path=last and the same directory."
+    )
+
+
+#: The sweeper whose sweeps can be continued (its jobs are known before they run).
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def check_sweep_dir(sweep_dir: Path, overrides: Sequence[str], resume: bool, sweeper: str) -> None:
+    """A ``-m`` sweep into ``sweep_dir`` (``hydra.sweep.dir``) with the task ``overrides`` (a sweep's
+    as given: :func:`~mnist_ddp.config.compose.task_overrides`): a new sweep, or the same sweep as the
+    one recorded there (Hydra's ``multirun.yaml``), which continues
+    (:mod:`mnist_ddp.launch.sweep_launcher`). Not checked in the processes other than global rank 0
+    under torchrun or SLURM, nor in a launcher's restart.
+
+    Raises:
+        ConfigValueError: for ``ckpt_path=last`` on a sweep (a sweep continues without it); for a
+            folder that holds another sweep (naming the overrides that differ) or runs but no sweep;
+            for a search by another sweeper than Hydra's basic one (Optuna's) into a folder that holds one.
+    """
+    if resume:
+        raise ConfigValueError(
+            "ckpt_path=last: a sweep is continued without it. Run the same sweep command again with "
+            "hydra.sweep.dir=<its directory>: completed jobs are kept, interrupted ones resume from their own "
+            "last.ckpt, the others run (docs/usage.md#continue-an-interrupted-sweep)."
+        )
+    if launcher_restarts() > 0 or launcher_rank() > 0 or not holds_a_run(sweep_dir):
+        return
+    record = sweep_dir / "multirun.yaml"
+    if not record.is_file():
+        raise ConfigValueError(
+            f"hydra.sweep.dir={sweep_dir} already holds runs but no sweep (no multirun.yaml): a sweep there would "
+            "overwrite them. Start the sweep in another directory (hydra.sweep.dir=<new folder>, or leave it unset)."
+        )
+    if sweeper != BASIC_SWEEPER:
+        raise ConfigValueError(
+            f"hydra.sweep.dir={sweep_dir} already holds a sweep, and a search by {sweeper.rsplit('.', 1)[-1]} cannot "
+            "be continued yet: its trials are chosen as it runs. Start it in another directory "
+            "(hydra.sweep.dir=<new folder>, or leave it unset)."
+        )
+    # As given: an override may hold an interpolation (${paths.output_dir}) for the job to resolve.
+    saved = OmegaConf.to_container(OmegaConf.load(record).hydra.overrides.task, resolve=False)
+    if sweep_jobs(saved) == sweep_jobs(overrides):
+        return
+    ours, theirs = [o for o in overrides if o not in saved], [o for o in saved if o not in overrides]
+    difference = (
+        f"this command sets {' '.join(ours) or 'nothing else'}, that sweep set {' '.join(theirs) or 'nothing else'}"
+        if ours or theirs
+        else "the same values in another order, which would number its jobs otherwise"
+    )
+    raise ConfigValueError(
+        f"hydra.sweep.dir={sweep_dir} holds another sweep: {difference}. Its results would be reported under this "
+        f"command's values. Continue that sweep with its own overrides (hydra.overrides.task in {record}), or start "
+        "this one in another directory (hydra.sweep.dir=<new folder>, or leave it unset)."
     )
 
 

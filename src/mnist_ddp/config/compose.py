@@ -21,6 +21,7 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from mnist_ddp.config.resume import override_key
 from mnist_ddp.config.schema import CONFIG_DIR, DATA_SCHEMA_TARGETS, TrainerConfig, register_configs
 from mnist_ddp.core.compat import declared_type
 from mnist_ddp.core.errors import ConfigValueError, UsageError, first_line
@@ -36,6 +37,8 @@ class Job:
     cfg: DictConfig
     #: Whether it is a job of a ``-m`` sweep.
     multirun: bool
+    #: The command line's overrides, a sweep's as given (``lr=0.1,0.2``), Hydra's own (``hydra.*``) included.
+    command: list[str] = dataclasses.field(default_factory=list)
 
 
 def composed_jobs(config_name: str, args: Sequence[str]) -> list[Job]:
@@ -63,9 +66,15 @@ def composed_jobs(config_name: str, args: Sequence[str]) -> list[Job]:
     multirun = bool(flags)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return [
-            Job(job, _compose(config_name, job), multirun)
+            Job(job, _compose(config_name, job), multirun, overrides)
             for job in (sweep_jobs(overrides) if multirun else [overrides])
         ]
+
+
+def task_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides of ``overrides`` that set the job's config, not Hydra's own (``hydra.*``,
+    ``hydra/<group>=``): what Hydra records as the job's ``hydra.overrides.task``."""
+    return [override for override in overrides if override_key(override).split(".")[0].split("/")[0] != "hydra"]
 
 
 def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:

@@ -1,5 +1,7 @@
-"""A run directory as the template leaves it: the job's metrics file, and the command that resumes it."""
+"""A run directory as the template leaves it: the job's metrics file and status, its last checkpoint,
+and the command that resumes it."""
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -13,3 +15,17 @@ def resume_command(run_dir: Path | str) -> str:
     this process's Python interpreter (the project's ``.venv/bin/python`` when the run was started
     from it; a bare ``python`` would be whichever is first on ``PATH``, often one without the project)."""
     return f"{shlex.quote(sys.executable)} -m mnist_ddp.train hydra.run.dir={shlex.quote(str(run_dir))} ckpt_path=last"
+
+
+#: A run's newest checkpoint, relative to its run directory (``LastCheckpoint``'s ``last.ckpt``).
+LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
+
+
+def run_status(run_dir: Path) -> str | None:
+    """The status that ``run_dir``'s :data:`METRICS_FILE` records: ``completed``, ``failed`` or
+    ``stopped`` (by a signal); None where there is none, or it cannot be read (a run killed before
+    it wrote one: the file is written atomically, so it is whole or absent)."""
+    try:
+        return json.loads((Path(run_dir) / METRICS_FILE).read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None

@@ -19,6 +19,7 @@ from typing_extensions import override
 from mnist_ddp.core.compat import also_save_at_epoch_end, epoch_batches_processed, save_checkpoint_now
 from mnist_ddp.core.errors import CheckpointError, ConfigValueError, first_line
 from mnist_ddp.core.files import atomic_path
+from mnist_ddp.core.run_dir import LAST_CHECKPOINT
 
 #: How many names of each kind of mismatch a message lists.
 LISTED_KEYS = 6
@@ -224,7 +225,7 @@ def in_place_resume_step(run_dir: Path, ckpt_path: str | None) -> int | None:
     the points the killed run logged after its last checkpoint are dropped, since the resumed run
     logs those steps again.
     """
-    path = run_dir / "checkpoints" / "last.ckpt"
+    path = run_dir / LAST_CHECKPOINT
     if ckpt_path != "last" or not path.is_file():
         return None
     return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"]

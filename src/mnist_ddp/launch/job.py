@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from mnist_ddp.core.environment import launched_externally
 from mnist_ddp.core.errors import JobFailedError
 from mnist_ddp.core.files import write_json
-from mnist_ddp.core.run_dir import METRICS_FILE, resume_command
+from mnist_ddp.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, resume_command
 from mnist_ddp.distributed.layout import processes_per_node
 from mnist_ddp.launch.supervisor import (
     JobInterrupted,
@@ -94,6 +94,12 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
         remove_stacks(run_dir)
         write_json(run_dir / METRICS_FILE, {"status": "stopped", "signal": stopped.signum.name, "overrides": overrides})
         log.warning(f"Run {run_dir} {stopped}: every process has ended.")
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            sweep_dir = HydraConfig.get().sweep.dir
+            log.warning(
+                f"Continue the sweep with the same command and hydra.sweep.dir={sweep_dir}: the completed jobs are "
+                "kept, this one resumes from its last.ckpt, the others run."
+            )
         sys.exit(128 + stopped.signum)
     except JobFailedError as failed:
         if hangs := collect_stacks(run_dir, failed):
@@ -105,7 +111,7 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
         record = {"status": "failed", "rank": failed.rank, "error": failed.error, "overrides": overrides}
         write_json(run_dir / METRICS_FILE, record)
         if HydraConfig.get().mode != RunMode.MULTIRUN:
-            if (last := run_dir / "checkpoints" / "last.ckpt").is_file():
+            if (last := run_dir / LAST_CHECKPOINT).is_file():
                 log.warning(
                     f"Last complete checkpoint: {last}. Once the cause is fixed, resume this run in place with: "
                     f"{resume_command(run_dir)}"

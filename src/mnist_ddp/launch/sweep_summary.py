@@ -14,8 +14,11 @@ log = logging.getLogger(__name__)
 #: The jobs of this command's sweep that failed, filled by :class:`SweepSummary` at the sweep's end.
 _failed: list[str] = []
 
-#: The columns of the table, in order.
+#: The columns of the table, in order. ``status``: ``completed``; ``resumed`` (completed after it
+#: resumed from its ``last.ckpt`` when the sweep was continued); ``failed``; ``stopped`` (by a signal).
 COLUMNS = ("job", "overrides", "status", "val/acc", "test/acc", "error", "directory")
+#: The override a continued sweep adds to a job that resumes from its ``last.ckpt``.
+RESUMED = "ckpt_path=last"
 
 
 def failed_jobs() -> list[str]:
@@ -30,11 +33,16 @@ def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     for job in sorted(jobs, key=lambda path: (not path.name.isdigit(), int(path.name) if path.name.isdigit() else 0)):
         metrics = json.loads((job / "metrics.json").read_text())
         failed = metrics.get("status") == "failed"
+        # A continued sweep resumes an interrupted job with ckpt_path=last (mnist_ddp.launch.sweep_launcher).
+        overrides = [override for override in metrics.get("overrides", []) if override != RESUMED]
+        status = metrics.get("status", "completed")
+        if status == "completed" and len(overrides) < len(metrics.get("overrides", [])):
+            status = "resumed"
         rows.append(
             {
                 "job": job.name,
-                "overrides": " ".join(metrics.get("overrides", [])),
-                "status": metrics.get("status", "completed"),
+                "overrides": " ".join(overrides),
+                "status": status,
                 "val/acc": "" if failed else f"{metrics['val/acc']:.4f}" if "val/acc" in metrics else "",
                 "test/acc": "" if failed else f"{metrics['test/acc']:.4f}" if "test/acc" in metrics else "",
                 "error": f"rank {metrics['rank']}: {metrics['error']}" if failed else "",

@@ -1,0 +1,134 @@
+"""The Hydra launcher of ``-m`` sweeps: Hydra's basic launcher (one job after another), which also
+continues a sweep run again into its own directory.
+
+The same sweep command again with ``hydra.sweep.dir=<that sweep>`` continues it (the check before
+launch refuses a command whose sweep differs from the one recorded there:
+:func:`mnist_ddp.config.checks.check_sweep_dir`). Each job's directory says what is left to do:
+
+- a job that completed is kept: not run again, its files untouched, its row in the summary;
+- a job that failed is kept as failed, unless ``hydra.launcher.rerun_failed=true``;
+- a job with a ``last.ckpt`` that did not complete (stopped by a signal or a kill, or failed and
+  run again) resumes in place from it, exactly as ``ckpt_path=last`` resumes a single run;
+- a job stopped before its first checkpoint starts again; what it wrote is moved aside to
+  ``<sweep>/.stopped/<job>.<n>/`` (kept, out of TensorBoard's and the summary's way);
+- a job never started runs.
+
+Job numbers and directories are those of the first command: Hydra numbers the jobs of the same
+sweep alike.
+"""
+
+import logging
+import shutil
+from collections.abc import Sequence
+from enum import Enum
+from pathlib import Path
+
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, open_dict
+from typing_extensions import override
+
+from mnist_ddp.core.run_dir import LAST_CHECKPOINT, run_status
+from mnist_ddp.launch.sweep_summary import RESUMED
+
+log = logging.getLogger(__name__)
+
+#: Where a job stopped before its first checkpoint has its earlier outputs moved, in the sweep's directory.
+STOPPED_DIR = ".stopped"
+
+
+class JobPlan(Enum):
+    """What a continued sweep does with one job, by what its directory holds (:func:`plan_job`)."""
+
+    #: Not run: it completed (or failed, and failed jobs are not run again).
+    KEEP = "kept"
+    #: Resumed in place from its ``last.ckpt``.
+    RESUME = "resumed"
+    #: Started again: it stopped before its first checkpoint (its outputs moved aside first).
+    RESTART = "started again"
+    #: Run: nothing of it is there.
+    RUN = "run"
+
+
+def plan_job(job_dir: Path, rerun_failed: bool) -> JobPlan:
+    """What to do with the job whose directory is ``job_dir`` (see the module's docstring)."""
+    status = run_status(job_dir)
+    if status == "completed" or (status == "failed" and not rerun_failed):
+        return JobPlan.KEEP
+    if (job_dir / LAST_CHECKPOINT).is_file():
+        return JobPlan.RESUME
+    return JobPlan.RESTART if job_dir.exists() else JobPlan.RUN
+
+
+def move_aside(job_dir: Path) -> Path:
+    """Move the outputs of a job stopped before its first checkpoint to ``<sweep>/.stopped/<job>.<n>``
+    (the first free ``n``), so that the job starts again in an empty directory. Returns where."""
+    stopped = job_dir.parent / STOPPED_DIR
+    stopped.mkdir(exist_ok=True)
+    number = 0
+    while (target := stopped / f"{job_dir.name}.{number}").exists():
+        number += 1
+    shutil.move(job_dir, target)
+    return target
+
+
+class ResumableLauncher(Launcher):
+    """Runs a sweep's jobs one after another in this process, as Hydra's basic launcher does, and
+    continues a sweep that its directory already holds (see the module's docstring).
+
+    Args:
+        rerun_failed: run the jobs that failed again (from their ``last.ckpt`` where they have one)
+            when the sweep is continued (default False: they are kept as failed, and the command
+            exits with status 1 after the summary, as the first one did).
+    """
+
+    def __init__(self, rerun_failed: bool = False) -> None:
+        super().__init__()
+        self.rerun_failed = rerun_failed
+
+    @override
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.hydra_context, self.task_function, self.config = hydra_context, task_function, config
+
+    def job_config(self, overrides: list[str], index: int) -> DictConfig:
+        """The config of job number ``index`` with ``overrides``, as Hydra's basic launcher composes it."""
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        with open_dict(config):
+            config.hydra.job.id = config.hydra.job.num = index
+        return config
+
+    @override
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        # Hydra's BasicLauncher.launch, with a plan per job: its loop has no place to skip or change one.
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        log.info(f"Launching {len(job_overrides)} jobs locally")
+        runs = []
+        for index, overrides in enumerate(job_overrides, start=initial_job_idx):
+            overrides = list(overrides)
+            config = self.job_config(overrides, index)
+            job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
+            plan = plan_job(job_dir, self.rerun_failed)
+            log.info(f"\t#{index} : {' '.join(filter_overrides(overrides))}")
+            if plan is JobPlan.KEEP:
+                log.info(f"\t#{index} {run_status(job_dir)} in an earlier run of this sweep ({job_dir}): kept")
+                runs.append(JobReturn(overrides=overrides, cfg=config, status=JobStatus.COMPLETED))
+                continue
+            if plan is JobPlan.RESUME:
+                log.info(f"\t#{index} resumes in place from {job_dir / LAST_CHECKPOINT}")
+                config = self.job_config([*overrides, RESUMED], index)
+            elif plan is JobPlan.RESTART:
+                log.info(f"\t#{index} stopped before its first checkpoint: starts again ({move_aside(job_dir)} kept)")
+            runs.append(
+                run_job(
+                    hydra_context=self.hydra_context,
+                    task_function=self.task_function,
+                    config=config,
+                    job_dir_key="hydra.sweep.dir",
+                    job_subdir_key="hydra.sweep.subdir",
+                )
+            )
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return runs
