@@ -1,9 +1,15 @@
-"""A sweep stopped by SIGTERM and continued by the same command with its ``hydra.sweep.dir``, through
-the real command line (1 gloo process per job, the deterministic configuration of test_resume.py):
-the completed job is kept untouched, the stopped one resumes from its ``last.ckpt`` to the
-parameters of its uninterrupted run, the one never started runs, and the summary has all three. A
-changed sweep into that directory is refused before anything runs, naming what changed. The plan
-per job (``mnist_ddp.launch.sweep_launcher``) is also tested on directories made here."""
+"""Sweeps that use the whole machine and survive a stop, through the real command line (1 gloo
+process per job, the deterministic configuration of test_resume.py, ``last.ckpt`` every 5 steps).
+
+The three jobs of each sweep differ only in the step where a probe starts to slow them down (job 0
+never, jobs 1 and 2 from steps 6 and 7, one second a step, until the test releases them), which
+changes nothing they compute: job 0, uninterrupted, is the reference the resumed jobs must equal
+bit for bit. Each sweep is stopped by SIGTERM while the slowed jobs train, and continued by the
+same command with its ``hydra.sweep.dir``: one after another in the command's process
+(``hydra.launcher.n_jobs=1``), and two at a time on this 2-core machine, each job on its own core
+(read from ``/proc``). A failing job among parallel ones ends alone. The plan per job
+(``mnist_ddp.launch.sweep_launcher``) and the machine's slots (``mnist_ddp.launch.job_slots``, with
+8 faked GPUs) are tested on their own too."""
 
 import csv
 import json
@@ -11,6 +17,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,86 +25,178 @@ from helpers import DETERMINISTIC, REPO, cli_command, cli_env, processes_mention
 
 from mnist_ddp.config.command_line import check_command_line
 from mnist_ddp.core.errors import ConfigValueError
+from mnist_ddp.launch.job_slots import DevicePool, cpu_slot_size, jobs_at_a_time, visible_gpus
 from mnist_ddp.launch.sweep_launcher import JobPlan, move_aside, plan_job
 
 pytestmark = pytest.mark.processes
 
-#: last.ckpt every 5 optimizer steps; from step 12 (after the checkpoint of step 10) each step of
-#: global rank 0 waits 0.1 s and its job's directory gets the marker ``paused``.
+STEPS = 2 * 21  # DETERMINISTIC: 2 epochs of 21 global batches
 SWEEP = (
     *DETERMINISTIC, "trainer.devices=1", "callbacks.last_checkpoint.train_time_interval=null",
     "callbacks.last_checkpoint.every_n_train_steps=5", "+callbacks.pause._target_=probes.PauseAfterStep",
-    "+callbacks.pause.step=12", "+callbacks.pause.marker=${paths.output_dir}/paused", "seed=1,2,3",
+    "+callbacks.pause.marker=${paths.output_dir}/paused", "+callbacks.pause.seconds=1",
+    "+callbacks.pause.step=1000,6,7",
 )  # fmt: skip
+CONTINUE = "Continue the sweep with the same command and hydra.sweep.dir="
 
 
-def params(job_dir):
+def params(job_dir: Path) -> dict:
     return torch.load(job_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
 
-def snapshot(folder):
+def snapshot(folder: Path) -> dict:
     """Every file under ``folder``, with its modification time and bytes."""
     return {path: (path.stat().st_mtime_ns, path.read_bytes()) for path in folder.rglob("*") if path.is_file()}
 
 
+def status(job_dir: Path) -> str | None:
+    path = job_dir / "metrics.json"
+    return json.loads(path.read_text()).get("status") if path.is_file() else None
+
+
+def cores_of(job_dir: Path) -> dict[int, str]:
+    """``Cpus_allowed_list`` of each live process of the job (its command and its DDP process), by pid."""
+    cores = {}
+    for entry in processes_mentioning(str(job_dir)):
+        pid = int(entry.split()[0])
+        try:
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            continue
+        cores[pid] = next(line.split()[1] for line in lines if line.startswith("Cpus_allowed_list:"))
+    return cores
+
+
+class Sweep:
+    """The sweep's command in ``tmp_path``: ``start`` it and ``stop`` it with SIGTERM once ``ready()``."""
+
+    def __init__(self, data_dir: Path, tmp_path: Path, *extra: str) -> None:
+        self.log_dir, self.dir, self.release = tmp_path / "logs", tmp_path / "logs" / "sweep", tmp_path / "release"
+        overrides = (f"data.data_dir={data_dir}", *SWEEP, f"+callbacks.pause.release={self.release}", *extra)
+        self.command = cli_command("-m", *overrides, f"hydra.sweep.dir={self.dir}", log_dir=self.log_dir)
+
+    def stop_when(self, ready) -> tuple[int, str]:
+        """Start the sweep, send it SIGTERM once ``ready()``; its exit status and output."""
+        run = subprocess.Popen(self.command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+        try:
+            deadline = time.time() + 300
+            while not ready() and run.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+            assert ready(), "the sweep never reached the point to stop it"
+            self.seen = {job: cores_of(self.dir / job) for job in ("0", "1", "2")}
+            os.kill(run.pid, signal.SIGTERM)
+            output = run.communicate(timeout=120)[0]
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+        return run.returncode, output
+
+    def again(self) -> subprocess.CompletedProcess:
+        """The same command again, the slowed jobs released."""
+        self.release.touch()
+        result = subprocess.run(self.command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return result
+
+    def summary(self) -> list[tuple[str, str]]:
+        rows = list(csv.DictReader((self.dir / "summary.csv").open()))
+        for row in rows:
+            metrics = json.loads((self.dir / row["job"] / "metrics.json").read_text())
+            assert row["test/acc"] == f"{metrics['test/acc']:.4f}", row
+        return [(row["job"], row["status"]) for row in rows]
+
+
 def test_a_stopped_sweep_continues_with_the_same_command(noisy_data_dir, tmp_path):
-    log_dir, sweep = tmp_path / "logs", tmp_path / "logs" / "sweep"
-    overrides = (f"data.data_dir={noisy_data_dir}", *SWEEP, f"hydra.sweep.dir={sweep}")
-    command = cli_command("-m", *overrides, log_dir=log_dir)
-    args = command[3:]  # the command line's arguments: -m, paths.log_dir, the overrides
-    run = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.time() + 300
-        while not (sweep / "1" / "paused").exists() and run.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        assert (sweep / "1" / "paused").exists(), "job 1 never reached step 12"
-        os.kill(run.pid, signal.SIGTERM)
-        output = run.communicate(timeout=60)[0]
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-    assert run.returncode == 128 + signal.SIGTERM, output[-3000:]
+    sweep = Sweep(noisy_data_dir, tmp_path, "hydra.launcher.n_jobs=1")
+    returncode, output = sweep.stop_when(lambda: (sweep.dir / "1" / "paused").exists())
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
     assert (
         output.strip()
         .splitlines()[-1]
         .endswith(
-            f"Continue the sweep with the same command and hydra.sweep.dir={sweep}: the completed jobs are kept, this "
-            "one resumes from its last.ckpt, the others run."
+            f"{CONTINUE}{sweep.dir}: the completed jobs are kept, this one resumes from its last.ckpt, the others run."
         )
     )
-    assert processes_mentioning(str(log_dir)) == []
-    assert json.loads((sweep / "0" / "metrics.json").read_text())["status"] == "completed"
-    assert json.loads((sweep / "1" / "metrics.json").read_text())["status"] == "stopped"
-    assert not (sweep / "2").exists(), "job 2 never started"
-    kept = snapshot(sweep / "0")
+    assert processes_mentioning(str(sweep.log_dir)) == []
+    assert (status(sweep.dir / "0"), status(sweep.dir / "1")) == ("completed", "stopped")
+    assert not (sweep.dir / "2").exists(), "job 2 never started"
+    kept = snapshot(sweep.dir / "0")
 
     # Another sweep into that directory, with or without ckpt_path=last: refused before anything runs.
-    with pytest.raises(ConfigValueError, match=r"holds another sweep: this command sets seed=4,5,6, that sweep set "
-                                               r"seed=1,2,3\. Its results would be reported"):  # fmt: skip
-        check_command_line("config", [arg if arg != "seed=1,2,3" else "seed=4,5,6" for arg in args])
+    args = sweep.command[3:]  # -m, paths.log_dir, the overrides
+    changed = r"this command sets \+callbacks\.pause\.step=1000,6,8, that sweep set \+callbacks\.pause\.step=1000,6,7\."
+    with pytest.raises(ConfigValueError, match=rf"holds another sweep: {changed} Its results"):
+        check_command_line("config", [arg.replace("step=1000,6,7", "step=1000,6,8") for arg in args])
     with pytest.raises(ConfigValueError, match="ckpt_path=last: a sweep is continued without it"):
         check_command_line("config", [*args, "ckpt_path=last"])
-    assert snapshot(sweep / "0") == kept
+    assert snapshot(sweep.dir / "0") == kept
 
-    # The same command again continues the sweep.
-    again = run_cli("-m", *overrides, log_dir=log_dir)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    again = sweep.again()
     assert "#0 completed in an earlier run of this sweep" in again.stdout
-    assert f"#1 resumes in place from {sweep / '1' / 'checkpoints' / 'last.ckpt'}" in again.stdout
-    assert snapshot(sweep / "0") == kept, "the completed job's files are untouched"
-    resumed = torch.load(sweep / "1" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert resumed["global_step"] == 2 * 21
-    reference = run_cli(f"data.data_dir={noisy_data_dir}", *SWEEP[:-1], "seed=2", log_dir=tmp_path / "reference")
-    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
-    (reference_dir,) = (tmp_path / "reference" / "runs").iterdir()
-    for key, value in params(reference_dir).items():
-        assert torch.equal(params(sweep / "1")[key], value), key
-    rows = list(csv.DictReader((sweep / "summary.csv").open()))
-    assert [(row["job"], row["status"]) for row in rows] == [("0", "completed"), ("1", "resumed"), ("2", "completed")]
-    assert [row["overrides"].split()[-1] for row in rows] == ["seed=1", "seed=2", "seed=3"]
-    for row in rows:
-        assert row["test/acc"] == f"{json.loads((sweep / row['job'] / 'metrics.json').read_text())['test/acc']:.4f}"
+    assert f"#1 resumes in place from {sweep.dir / '1' / 'checkpoints' / 'last.ckpt'}" in again.stdout
+    assert snapshot(sweep.dir / "0") == kept, "the completed job's files are untouched"
+    for job in ("1", "2"):
+        assert torch.load(sweep.dir / job / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == STEPS
+        for key, value in params(sweep.dir / "0").items():
+            assert torch.equal(params(sweep.dir / job)[key], value), (job, key)
+    assert sweep.summary() == [("0", "completed"), ("1", "resumed"), ("2", "completed")]
+
+
+def test_a_parallel_sweep_runs_each_job_on_its_own_core_and_continues_after_a_stop(noisy_data_dir, tmp_path):
+    sweep = Sweep(noisy_data_dir, tmp_path)
+
+    def ready() -> bool:  # job 0 done, jobs 1 and 2 slowed, mid-epoch
+        paused = all((sweep.dir / job / "paused").exists() for job in ("1", "2"))
+        return status(sweep.dir / "0") == "completed" and paused
+
+    returncode, output = sweep.stop_when(ready)
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "2 jobs at a time, each on its own CPU cores" in output
+    assert (
+        output.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"{CONTINUE}{sweep.dir}: the completed jobs are kept, the stopped ones resume from their last.ckpt, "
+            "the others run."
+        )
+    )
+    # While they ran: each job's command and its DDP process on one core, the two jobs on different ones.
+    one, two = sweep.seen["1"], sweep.seen["2"]
+    assert len(one) == len(two) == 2, sweep.seen
+    assert len(set(one.values())) == len(set(two.values())) == 1, sweep.seen
+    assert set(one.values()).isdisjoint(two.values()) and all(cores.isdigit() for cores in one.values()), sweep.seen
+    assert processes_mentioning(str(sweep.log_dir)) == []
+    assert [status(sweep.dir / job) for job in "012"] == ["completed", "stopped", "stopped"]
+    kept = snapshot(sweep.dir / "0")
+    assert "[#1] " in output and "[#2] " in output, "each job's lines reach the console, prefixed"
+
+    again = sweep.again()
+    assert "#0 completed in an earlier run of this sweep" in again.stdout
+    assert snapshot(sweep.dir / "0") == kept, "the completed job's files are untouched"
+    for job in ("1", "2"):
+        assert f"#{job} resumes in place from" in again.stdout
+        assert torch.load(sweep.dir / job / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == STEPS
+        for key, value in params(sweep.dir / "0").items():
+            assert torch.equal(params(sweep.dir / job)[key], value), (job, key)
+    assert sweep.summary() == [("0", "completed"), ("1", "resumed"), ("2", "resumed")]
+
+
+def test_a_failing_job_among_parallel_jobs_ends_alone(noisy_data_dir, tmp_path):
+    # Job 1's process SIGKILLs itself at step 3; jobs 0 and 2 (kill steps never reached) finish.
+    result = run_cli(
+        "-m", f"data.data_dir={noisy_data_dir}", *DETERMINISTIC, "trainer.devices=1", "trainer.max_epochs=1",
+        "+callbacks.kill._target_=probes.ElasticProbe", "+callbacks.kill.record=${paths.output_dir}/record.jsonl",
+        "+callbacks.kill.kill_rank=0", "+callbacks.kill.kill_step=1000,3,1001", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        log_dir=tmp_path / "logs",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "2 jobs at a time" in result.stdout
+    assert processes_mentioning(str(tmp_path)) == []
+    rows = list(csv.DictReader((tmp_path / "sweep" / "summary.csv").open()))
+    assert [(row["job"], row["status"]) for row in rows] == [("0", "completed"), ("1", "failed"), ("2", "completed")]
+    assert rows[1]["error"].startswith("rank 0: "), rows[1]
+    assert "killed by SIGKILL" in rows[1]["error"], rows[1]
 
 
 def test_each_job_of_a_continued_sweep_is_planned_by_its_directory(tmp_path):
@@ -125,3 +224,21 @@ def test_each_job_of_a_continued_sweep_is_planned_by_its_directory(tmp_path):
     early.mkdir()
     assert move_aside(early) == tmp_path / ".stopped" / "early.1"
     assert json.loads((tmp_path / ".stopped" / "early.0" / "metrics.json").read_text()) == {"status": "stopped"}
+
+
+def test_eight_gpus_and_two_per_job_give_four_jobs_at_a_time_on_disjoint_gpus(monkeypatch):
+    # No GPU here: the slot logic is given 8 faked ones, as torch.cuda.device_count() would count them.
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pool = DevicePool(visible_gpus(8))
+    assert jobs_at_a_time(None, len(pool.free), per_job=2) == 4
+    running = [pool.take(2) for _ in range(4)]
+    assert running == [("0", "1"), ("2", "3"), ("4", "5"), ("6", "7")] and pool.take(2) is None
+    pool.give_back(running[1])  # job 1 ends: its GPUs go to the next job, and to no other
+    assert pool.take(2) == ("2", "3") and pool.take(1) is None
+    held = [gpu for slot in (running[0], ("2", "3"), *running[2:]) for gpu in slot]
+    assert len(held) == len(set(held)) == 8, "no GPU given to two running jobs"
+    # CUDA_VISIBLE_DEVICES of the command: each job sees its share of those, by their names.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
+    assert DevicePool(visible_gpus(4)).take(2) == ("3", "5")
+    assert jobs_at_a_time(None, 8, per_job=3) == 2 and jobs_at_a_time(1, 8, per_job=2) == 1
+    assert jobs_at_a_time(None, 2, per_job=1) == 2 and cpu_slot_size(2, 2) == 1 and cpu_slot_size(16, 3) == 5

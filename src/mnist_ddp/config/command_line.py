@@ -8,6 +8,7 @@ values that need objects built (:mod:`mnist_ddp.config.checks`), once those impo
 
 import importlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -23,6 +24,8 @@ from mnist_ddp.config.saved_run import CHECKPOINT_USES, apply_run_settings, run_
 from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.core.environment import launcher_rank
 from mnist_ddp.core.errors import UsageError, exit_on_usage_error
+from mnist_ddp.core.lifetime import end_with_parent
+from mnist_ddp.launch.parallel_jobs import SWEEP_ENV
 from mnist_ddp.launch.sweep_summary import failed_jobs
 
 log = logging.getLogger(__name__)
@@ -48,7 +51,7 @@ def entry_point(
     @hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base="1.3")
     @exit_on_usage_error
     def main(cfg: DictConfig) -> object:
-        return run_command(cfg, config_name, task, in_process).get(result)
+        return run_command(cfg, config_name, task, in_process, objective=result).get(result)
 
     def cli() -> None:
         run_entry_point(main, config_name)
@@ -56,10 +59,11 @@ def entry_point(
     return main, cli
 
 
-def run_command(cfg: DictConfig, config_name: str, task: str, in_process: bool) -> dict:
+def run_command(cfg: DictConfig, config_name: str, task: str, in_process: bool, objective: str | None = None) -> dict:
     """Run one Hydra job of a command: for eval, predict and export first take the model and data
     set of the checkpoint's run (:func:`mnist_ddp.config.saved_run.apply_run_settings`), then run
-    ``task`` in the job's processes (:func:`mnist_ddp.launch.job.run_job`).
+    ``task`` in the job's processes (:func:`mnist_ddp.launch.job.run_job`; ``objective``: the
+    metric a sweeper optimizes, recorded in ``metrics.json``).
 
     Returns:
         The job's metrics (``status: failed`` and no metrics for a failed job of a sweep).
@@ -78,7 +82,7 @@ def run_command(cfg: DictConfig, config_name: str, task: str, in_process: bool) 
     if config_name in CHECKPOINT_USES:
         apply_run_settings(cfg, HydraConfig.get().overrides.task, config_name, log_them=rank_zero_only.rank == 0)
     module, _, function = task.partition(":")
-    return run_job(getattr(importlib.import_module(module), function), cfg, in_process=in_process)
+    return run_job(getattr(importlib.import_module(module), function), cfg, in_process=in_process, objective=objective)
 
 
 def run_entry_point(main: Callable[[], object], config_name: str) -> None:
@@ -92,6 +96,8 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
     """
     # Warnings go through logging: tagged with the rank, kept in the job's log file.
     logging.captureWarnings(True)
+    if SWEEP_ENV in os.environ:  # a job of a parallel sweep: it ends with the sweep's command
+        end_with_parent(int(os.environ[SWEEP_ENV]), "sweep")
     try:
         if (run_dir := in_place_run_dir(sys.argv[1:])) is not None:
             # The run's .hydra/ (its config and overrides) stays as the run wrote it.

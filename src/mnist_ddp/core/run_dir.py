@@ -21,11 +21,17 @@ def resume_command(run_dir: Path | str) -> str:
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 
 
+def read_metrics(run_dir: Path) -> dict:
+    """``run_dir``'s :data:`METRICS_FILE`; empty where there is none, or it cannot be read (a run
+    killed before it wrote one: the file is written atomically, so it is whole or absent)."""
+    try:
+        metrics = json.loads((Path(run_dir) / METRICS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return metrics if isinstance(metrics, dict) else {}
+
+
 def run_status(run_dir: Path) -> str | None:
     """The status that ``run_dir``'s :data:`METRICS_FILE` records: ``completed``, ``failed`` or
-    ``stopped`` (by a signal); None where there is none, or it cannot be read (a run killed before
-    it wrote one: the file is written atomically, so it is whole or absent)."""
-    try:
-        return json.loads((Path(run_dir) / METRICS_FILE).read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
+    ``stopped`` (by a signal); None where there is none (:func:`read_metrics`)."""
+    return read_metrics(run_dir).get("status")

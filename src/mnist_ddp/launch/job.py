@@ -40,7 +40,9 @@ from mnist_ddp.launch.supervisor import (
 log = logging.getLogger(__name__)
 
 
-def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig, in_process: bool = False) -> dict:
+def run_job(
+    task: Callable[[DictConfig], dict], cfg: DictConfig, in_process: bool = False, objective: str | None = None
+) -> dict:
     """Run ``task(cfg)`` in every process of this job and return global rank 0's metrics.
 
     Args:
@@ -48,6 +50,8 @@ def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig, in_process: boo
             name); global rank 0 writes its metrics to ``metrics.json`` and returns them.
         cfg: the job's composed config.
         in_process: run ``task`` in this process only, with no process group (an export).
+        objective: the metric a sweeper optimizes (``val/acc``), recorded as ``objective`` in
+            ``metrics.json`` for a sweep that runs the job in a process of its own to read back.
 
     Returns:
         The metrics, plus ``status`` (``completed`` or ``failed``) and ``overrides`` (this job's
@@ -72,7 +76,12 @@ def run_job(task: Callable[[DictConfig], dict], cfg: DictConfig, in_process: boo
             metrics = supervise(task, cfg)
         if metrics.get("status") == "failed":  # a failed job of a sweep: recorded as it is
             return metrics
-    metrics = {"status": "completed", "overrides": overrides, **metrics}
+    metrics = {
+        "status": "completed",
+        "overrides": overrides,
+        **({"objective": objective} if objective else {}),
+        **metrics,
+    }
     if rank_zero_only.rank == 0:
         write_json(run_dir / METRICS_FILE, metrics)
     return metrics

@@ -18,18 +18,23 @@ sweep alike.
 """
 
 import logging
+import os
 import shutil
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from typing_extensions import override
 
-from mnist_ddp.core.run_dir import LAST_CHECKPOINT, run_status
+from mnist_ddp.core.run_dir import LAST_CHECKPOINT, read_metrics, run_status
+from mnist_ddp.launch.job_slots import DevicePool, cpu_slot_size, jobs_at_a_time, visible_gpus
+from mnist_ddp.launch.parallel_jobs import JobProcess, ParallelJobs
 from mnist_ddp.launch.sweep_summary import RESUMED
 
 log = logging.getLogger(__name__)
@@ -73,19 +78,34 @@ def move_aside(job_dir: Path) -> Path:
     return target
 
 
+@dataclass
+class PlannedJob:
+    """One job of the sweep to run: its number, overrides (``ckpt_path=last`` added for a resume),
+    composed config and run directory."""
+
+    index: int
+    overrides: list[str]
+    config: DictConfig
+    job_dir: Path
+
+
 class ResumableLauncher(Launcher):
-    """Runs a sweep's jobs one after another in this process, as Hydra's basic launcher does, and
-    continues a sweep that its directory already holds (see the module's docstring).
+    """Runs a sweep's jobs, several at once where the machine holds them, and continues a sweep that
+    its directory already holds (see the module's docstring).
 
     Args:
         rerun_failed: run the jobs that failed again (from their ``last.ckpt`` where they have one)
             when the sweep is continued (default False: they are kept as failed, and the command
             exits with status 1 after the summary, as the first one did).
+        n_jobs: the most jobs running at once (default None: as many as the machine holds, each
+            on its own GPUs, ``floor(GPUs / trainer.devices)``, or on CPU its own cores,
+            ``floor(cores / trainer.devices)``; :mod:`mnist_ddp.launch.parallel_jobs`). 1 runs them
+            one after another in this process, as Hydra's basic launcher does.
     """
 
-    def __init__(self, rerun_failed: bool = False) -> None:
+    def __init__(self, rerun_failed: bool = False, n_jobs: int | None = None) -> None:
         super().__init__()
-        self.rerun_failed = rerun_failed
+        self.rerun_failed, self.n_jobs = rerun_failed, n_jobs
 
     @override
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -105,7 +125,7 @@ class ResumableLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         log.info(f"Launching {len(job_overrides)} jobs locally")
-        runs = []
+        runs, planned = {}, []
         for index, overrides in enumerate(job_overrides, start=initial_job_idx):
             overrides = list(overrides)
             config = self.job_config(overrides, index)
@@ -114,21 +134,81 @@ class ResumableLauncher(Launcher):
             log.info(f"\t#{index} : {' '.join(filter_overrides(overrides))}")
             if plan is JobPlan.KEEP:
                 log.info(f"\t#{index} {run_status(job_dir)} in an earlier run of this sweep ({job_dir}): kept")
-                runs.append(JobReturn(overrides=overrides, cfg=config, status=JobStatus.COMPLETED))
+                runs[index] = JobReturn(overrides=overrides, cfg=config, status=JobStatus.COMPLETED)
                 continue
             if plan is JobPlan.RESUME:
                 log.info(f"\t#{index} resumes in place from {job_dir / LAST_CHECKPOINT}")
-                config = self.job_config([*overrides, RESUMED], index)
+                overrides = [*overrides, RESUMED]
+                config = self.job_config(overrides, index)
             elif plan is JobPlan.RESTART:
                 log.info(f"\t#{index} stopped before its first checkpoint: starts again ({move_aside(job_dir)} kept)")
-            runs.append(
-                run_job(
-                    hydra_context=self.hydra_context,
-                    task_function=self.task_function,
-                    config=config,
-                    job_dir_key="hydra.sweep.dir",
-                    job_subdir_key="hydra.sweep.subdir",
-                )
+            planned.append(PlannedJob(index, overrides, config, job_dir))
+        parallel = parallel_jobs(planned, self.n_jobs)
+        if parallel is not None:
+            parallel.run()
+            runs |= {job.index: job_return(job) for job in planned}
+        for job in planned if parallel is None else []:
+            runs[job.index] = run_job(
+                hydra_context=self.hydra_context,
+                task_function=self.task_function,
+                config=job.config,
+                job_dir_key="hydra.sweep.dir",
+                job_subdir_key="hydra.sweep.subdir",
             )
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        return runs
+        return [runs[index] for index in sorted(runs)]
+
+
+def parallel_jobs(planned: Sequence[PlannedJob], n_jobs: int | None) -> ParallelJobs | None:
+    """The jobs of ``planned`` as :class:`~mnist_ddp.launch.parallel_jobs.ParallelJobs`, when more
+    than one of them can run at once (``n_jobs``: see :class:`ResumableLauncher`); None to run them
+    one after another here: a single job, ``n_jobs=1``, a machine that holds one job, jobs on GPUs
+    and on CPU in one sweep, GPUs named by index (``trainer.devices=[0,3]``), or a process started
+    by torchrun or SLURM (where each process runs the job)."""
+    # torch (seconds to import) only now: Hydra imports this module whenever it looks for plugins.
+    from mnist_ddp.core.environment import launched_externally
+    from mnist_ddp.distributed.layout import processes_per_node, resolve_devices, uses_cuda
+
+    if len(planned) < 2 or n_jobs == 1 or launched_externally():
+        return None
+    trainers = [job.config.trainer for job in planned]
+    cuda = {uses_cuda(resolve_devices(trainer.accelerator, trainer.devices)[0]) for trainer in trainers}
+    if len(cuda) > 1 or (cuda == {True} and any(OmegaConf.is_list(trainer.devices) for trainer in trainers)):
+        log.info("\tJobs one after another: the sweep mixes GPU and CPU jobs, or names GPUs by index.")
+        return None
+    processes = [processes_per_node(trainer.accelerator, trainer.devices) for trainer in trainers]
+    if cuda == {True}:
+        import torch
+
+        pool = DevicePool(visible_gpus(torch.cuda.device_count()))
+        at_a_time, needs = jobs_at_a_time(n_jobs, len(pool.free), max(processes)), processes
+    else:
+        pool = DevicePool(sorted(os.sched_getaffinity(0)))
+        at_a_time = jobs_at_a_time(n_jobs, len(pool.free), max(processes))
+        needs = [cpu_slot_size(len(pool.free), at_a_time)] * len(planned)
+    if at_a_time < 2:
+        return None
+    grace = max(job.config.launcher.shutdown_timeout for job in planned) + 30
+    command = [sys.executable, "-m", f"{__name__.split('.')[0]}.{planned[0].config.hydra.job.name}"]
+    jobs = [
+        JobProcess(job.index, job.job_dir, job.overrides, [*command, *job.overrides, f"hydra.run.dir={job.job_dir}"],
+                   need, cuda == {True}, count)
+        for job, need, count in zip(planned, needs, processes)
+    ]  # fmt: skip
+    log.info(f"\t{at_a_time} jobs at a time, each on its own {'GPUs' if cuda == {True} else 'CPU cores'}")
+    sweep_dir = planned[0].job_dir.parent
+    hint = (
+        f"Continue the sweep with the same command and hydra.sweep.dir={sweep_dir}: the completed jobs are kept, "
+        "the stopped ones resume from their last.ckpt, the others run."
+    )
+    return ParallelJobs(jobs, pool, at_a_time, grace, hint)
+
+
+def job_return(job: PlannedJob) -> JobReturn:
+    """What Hydra's sweeper gets for a job run in its own process: its ``metrics.json``'s objective
+    (``val/acc`` for a training) as the return value, or None for a job that did not complete."""
+    metrics = read_metrics(job.job_dir)
+    value = metrics.get(metrics.get("objective", ""))
+    returned = JobReturn(overrides=job.overrides, cfg=job.config, status=JobStatus.COMPLETED)
+    returned.return_value = value
+    return returned

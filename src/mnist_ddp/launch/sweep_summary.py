@@ -45,7 +45,9 @@ def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
                 "status": status,
                 "val/acc": "" if failed else f"{metrics['val/acc']:.4f}" if "val/acc" in metrics else "",
                 "test/acc": "" if failed else f"{metrics['test/acc']:.4f}" if "test/acc" in metrics else "",
-                "error": f"rank {metrics['rank']}: {metrics['error']}" if failed else "",
+                "error": (f"rank {metrics['rank']}: " if metrics.get("rank") is not None else "") + metrics["error"]
+                if failed
+                else "",
                 "directory": str(job),
             }
         )

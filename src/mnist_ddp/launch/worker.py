@@ -19,7 +19,6 @@ Every way a worker can end is bounded:
 - the supervisor's death (even SIGKILL) sends the worker SIGTERM (Linux ``PR_SET_PDEATHSIG``).
 """
 
-import ctypes
 import faulthandler
 import importlib
 import logging
@@ -34,15 +33,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from mnist_ddp.core.lifetime import end_with_parent
+
 log = logging.getLogger(__name__)
 
 #: Set in each worker's environment by the supervisor: its pid.
 SUPERVISOR_ENV = "MNIST_DDP_SUPERVISOR_PID"
 #: Where in the run directory each worker writes its stacks when it is stopped (``rank<r>.txt``).
 STACKS_DIR = ".stacks"
-
-#: ``prctl`` option: the signal this process gets when its parent dies (linux/prctl.h).
-PR_SET_PDEATHSIG = 1
 
 
 def end_with_supervisor() -> None:
@@ -51,13 +49,7 @@ def end_with_supervisor() -> None:
     Raises:
         SystemExit: if the supervisor is already gone (it died before the request took effect).
     """
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        log.warning(
-            f"prctl(PR_SET_PDEATHSIG) failed (errno {ctypes.get_errno()}): this process may outlive its supervisor"
-        )
-    if os.getppid() != int(os.environ[SUPERVISOR_ENV]):
-        sys.exit(128 + signal.SIGTERM)
+    end_with_parent(int(os.environ[SUPERVISOR_ENV]), "supervisor")
 
 
 class TerminationWatchdog:
