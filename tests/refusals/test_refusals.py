@@ -19,12 +19,14 @@ import time
 
 import pytest
 import torch
+from helpers import IDX_DATA
 
 from mnist_ddp.config.checks import BASIC_SWEEPER, check_output_dir, check_sweep_dir
 from mnist_ddp.config.command_line import check_command_line
 from mnist_ddp.core.errors import ConfigValueError, UsageError
 from mnist_ddp.distributed.layout import check_device_options
 from mnist_ddp.launch.supervisor import check_rendezvous_address, run_dir_lock
+from mnist_ddp.models.classifier import MNISTClassifier
 
 CPU = ("trainer.accelerator=cpu", "trainer.devices=2", "data.global_batch_size=64")
 
@@ -237,3 +239,25 @@ def test_a_resume_in_place_with_nothing_to_resume_is_refused(tmp_path, synthetic
     )
     # An unset shell variable would make the current folder (the checkout) the run directory.
     assert refused(*CPU, "hydra.run.dir=", "ckpt_path=last").startswith("hydra.run.dir is empty")
+
+
+class SavesItsPartials(MNISTClassifier):
+    """A LightningModule of one's own that records its arguments with Lightning's save_hyperparameters()."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.save_hyperparameters(ignore=["net"])
+
+
+def test_hyperparameters_a_checkpoint_could_not_load_are_refused_before_launch():
+    # The optimizer and scheduler partials (and data_spec, a config node as Hydra passes it) would be pickled
+    # into every checkpoint; the template loads checkpoints with weights_only=True, so the run would fail
+    # when it tests its best checkpoint.
+    with pytest.raises(ConfigValueError) as refused:
+        check_command_line("config", [*CPU, IDX_DATA, "model._target_=test_refusals.SavesItsPartials"])
+    assert str(refused.value) == (
+        "model: SavesItsPartials.save_hyperparameters() keeps optimizer, scheduler, data_spec in every checkpoint, "
+        "which then no longer loads with torch.load(weights_only=True), as the template loads checkpoints. Leave them "
+        "out (save_hyperparameters(ignore=['optimizer', 'scheduler', 'data_spec'])); the run's .hydra/config.yaml "
+        "records how it was built."
+    )

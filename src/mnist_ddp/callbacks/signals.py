@@ -27,7 +27,7 @@ from typing_extensions import override
 
 from mnist_ddp.core.compat import skip_sigterm_broadcast
 from mnist_ddp.core.errors import ConfigValueError
-from mnist_ddp.core.run_dir import resume_command
+from mnist_ddp.core.run_dir import resume_hint
 from mnist_ddp.distributed.checkpoint_io import LastCheckpoint, at_optimizer_step_boundary
 
 log = logging.getLogger(__name__)
@@ -142,8 +142,7 @@ class StopOnSignal(L.Callback):
         if saved:
             newest = max(saved, key=lambda path: path.stat().st_mtime)
             log.warning(
-                f"Stopped by {where}. Last complete checkpoint: {newest}. Resume this run in place with: "
-                f"{resume_command(trainer.default_root_dir)}"
+                f"Stopped by {where}. Last complete checkpoint: {newest}. {resume_hint(trainer.default_root_dir)}"
             )
         else:
             log.warning(f"Stopped by {where}, before any checkpoint was saved: start the run again.")

@@ -16,14 +16,17 @@ expands into several):
    inputs (every image decoded) and an export's output (not there yet, its packages installed).
 """
 
+import io
 import json
 import os
+import pickle
 import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -128,7 +131,36 @@ def check_model(
         raise _one_line("model", model_cfg, error) from None
     if config_name not in CHECKPOINT_USES:
         check_schedule(cfg.trainer, model, model_cfg)
+        for group, module in (("model", model), ("data", datamodule)):
+            check_saved_hyperparameters(group, module)
     return model
+
+
+def check_saved_hyperparameters(group: str, module: L.LightningModule | L.LightningDataModule) -> None:
+    """Refuse a LightningModule or DataModule whose ``save_hyperparameters()`` keeps values that a
+    checkpoint loaded with ``torch.load(weights_only=True)`` cannot hold (Hydra's ``_partial_``
+    optimizer, a network): Lightning writes ``module.hparams`` into every checkpoint, and the
+    template loads every checkpoint that way (so that a checkpoint cannot run code), so the run
+    would fail only after its first epoch, when it tests its best checkpoint.
+
+    Raises:
+        ConfigValueError: naming the class, the keys and the fix.
+    """
+    refused = []
+    for key, value in dict(module.hparams).items():
+        buffer = io.BytesIO()
+        try:
+            torch.save(value, buffer)
+            buffer.seek(0)
+            torch.load(buffer, weights_only=True)
+        except (pickle.PickleError, AttributeError, TypeError, RuntimeError):
+            refused.append(key)
+    if refused:
+        raise ConfigValueError(
+            f"{group}: {type(module).__name__}.save_hyperparameters() keeps {', '.join(refused)} in every checkpoint, "
+            "which then no longer loads with torch.load(weights_only=True), as the template loads checkpoints. Leave "
+            f"them out (save_hyperparameters(ignore={refused})); the run's .hydra/config.yaml records how it was built."
+        )
 
 
 def _described(datamodule: L.LightningDataModule) -> DataSpec:
@@ -271,7 +303,8 @@ def check_sweep_dir(sweep_dir: Path, overrides: Sequence[str], resume: bool, swe
         )
     # As given: an override may hold an interpolation (${paths.output_dir}) for the job to resolve.
     saved = OmegaConf.to_container(OmegaConf.load(record).hydra.overrides.task, resolve=False)
-    if sweep_jobs(saved) == sweep_jobs(overrides):
+    # The same jobs in the same order (their numbers): the order of a job's own overrides does not matter.
+    if [set(job) for job in sweep_jobs(saved)] == [set(job) for job in sweep_jobs(overrides)]:
         return
     ours, theirs = [o for o in overrides if o not in saved], [o for o in saved if o not in overrides]
     difference = (

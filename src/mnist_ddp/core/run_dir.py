@@ -2,12 +2,15 @@
 and the command that resumes it."""
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 
 #: The metrics file of a job, in its run directory: the task's metrics, the job's overrides and its status.
 METRICS_FILE = "metrics.json"
+#: Set by a sweep's launcher for its jobs' processes: the sweep's directory (a job resumes by continuing it).
+SWEEP_DIR_ENV = "MNIST_DDP_SWEEP_DIR"
 
 
 def resume_command(run_dir: Path | str) -> str:
@@ -15,6 +18,14 @@ def resume_command(run_dir: Path | str) -> str:
     this process's Python interpreter (the project's ``.venv/bin/python`` when the run was started
     from it; a bare ``python`` would be whichever is first on ``PATH``, often one without the project)."""
     return f"{shlex.quote(sys.executable)} -m mnist_ddp.train hydra.run.dir={shlex.quote(str(run_dir))} ckpt_path=last"
+
+
+def resume_hint(run_dir: Path | str) -> str:
+    """How to resume the run in ``run_dir``, as a sentence: in place (:func:`resume_command`), or,
+    for a job of a sweep (:data:`SWEEP_DIR_ENV`), by continuing its sweep, which resumes it with the rest."""
+    if sweep_dir := os.environ.get(SWEEP_DIR_ENV):
+        return f"Continue its sweep with the same command and hydra.sweep.dir={sweep_dir}, which resumes it."
+    return f"Resume this run in place with: {resume_command(run_dir)}"
 
 
 #: A run's newest checkpoint, relative to its run directory (``LastCheckpoint``'s ``last.ckpt``).

@@ -104,10 +104,14 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
         write_json(run_dir / METRICS_FILE, {"status": "stopped", "signal": stopped.signum.name, "overrides": overrides})
         log.warning(f"Run {run_dir} {stopped}: every process has ended.")
         if HydraConfig.get().mode == RunMode.MULTIRUN:
-            sweep_dir = HydraConfig.get().sweep.dir
+            this_one = (
+                "this one resumes from its last.ckpt"
+                if (run_dir / LAST_CHECKPOINT).is_file()
+                else "this one starts again (it stopped before its first checkpoint)"
+            )
             log.warning(
-                f"Continue the sweep with the same command and hydra.sweep.dir={sweep_dir}: the completed jobs are "
-                "kept, this one resumes from its last.ckpt, the others run."
+                f"Continue the sweep with the same command and hydra.sweep.dir={HydraConfig.get().sweep.dir}: "
+                f"the completed jobs are kept, {this_one}, the others run."
             )
         sys.exit(128 + stopped.signum)
     except JobFailedError as failed:

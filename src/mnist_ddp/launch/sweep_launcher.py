@@ -32,7 +32,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 from typing_extensions import override
 
-from mnist_ddp.core.run_dir import LAST_CHECKPOINT, read_metrics, run_status
+from mnist_ddp.core.run_dir import LAST_CHECKPOINT, SWEEP_DIR_ENV, read_metrics, run_status
 from mnist_ddp.launch.job_slots import DevicePool, cpu_slot_size, jobs_at_a_time, visible_gpus
 from mnist_ddp.launch.parallel_jobs import JobProcess, ParallelJobs
 from mnist_ddp.launch.sweep_summary import RESUMED
@@ -125,6 +125,8 @@ class ResumableLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         log.info(f"Launching {len(job_overrides)} jobs locally")
+        # The jobs' processes (and, in parallel, their own commands) name the sweep in their resume hints.
+        os.environ[SWEEP_DIR_ENV] = str(self.config.hydra.sweep.dir)
         runs, planned = {}, []
         for index, overrides in enumerate(job_overrides, start=initial_job_idx):
             overrides = list(overrides)
@@ -133,7 +135,8 @@ class ResumableLauncher(Launcher):
             plan = plan_job(job_dir, self.rerun_failed)
             log.info(f"\t#{index} : {' '.join(filter_overrides(overrides))}")
             if plan is JobPlan.KEEP:
-                log.info(f"\t#{index} {run_status(job_dir)} in an earlier run of this sweep ({job_dir}): kept")
+                again = " (hydra.launcher.rerun_failed=true runs it again)" if run_status(job_dir) == "failed" else ""
+                log.info(f"\t#{index} {run_status(job_dir)} in an earlier run of this sweep ({job_dir}): kept{again}")
                 runs[index] = JobReturn(overrides=overrides, cfg=config, status=JobStatus.COMPLETED)
                 continue
             if plan is JobPlan.RESUME:
