@@ -26,13 +26,20 @@ def test_the_layers_point_one_way():
     assert "Layers point one way KEPT" in result.stdout
 
 
+def planted(root: Path, module: str, line: str) -> Path:
+    """A copy of the project's ``src/``, ``tools/`` and ``pyproject.toml`` in ``root``, with ``line``
+    appended to ``src/mnist_ddp/<module>``; returns ``root``."""
+    shutil.copytree(ROOT / "src", root / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    shutil.copytree(ROOT / "tools", root / "tools")
+    shutil.copy(ROOT / "pyproject.toml", root)
+    path = root / "src" / "mnist_ddp" / module
+    path.write_text(path.read_text() + f"\n{line}  # noqa\n")
+    return root
+
+
 def test_an_import_of_a_higher_layer_breaks_the_contract(tmp_path):
     # A copy of the tree where the lowest layer (core) imports the config layer: a cycle.
-    shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    files = tmp_path / "src" / "mnist_ddp" / "core" / "files.py"
-    files.write_text(files.read_text() + "\nfrom mnist_ddp.config.schema import CONFIG_DIR  # noqa\n")
-    result = lint_imports(tmp_path)
+    result = lint_imports(planted(tmp_path, "core/files.py", "from mnist_ddp.config.schema import CONFIG_DIR"))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Layers point one way BROKEN" in result.stdout
     assert "mnist_ddp.core.files -> mnist_ddp.config.schema" in result.stdout, result.stdout
@@ -54,11 +61,6 @@ def test_no_modules_import_each_other_in_a_loop():
 
 def test_a_loop_inside_a_package_is_found(tmp_path):
     # Inside one layer, where the contract does not look: the worker imports the supervisor back.
-    shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
-    shutil.copytree(ROOT / "tools", tmp_path / "tools")
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    worker = tmp_path / "src" / "mnist_ddp" / "launch" / "worker.py"
-    worker.write_text(worker.read_text() + "\nfrom mnist_ddp.launch.supervisor import JOB_FILE  # noqa\n")
-    result = module_cycles(tmp_path)
+    result = module_cycles(planted(tmp_path, "launch/worker.py", "from mnist_ddp.launch.supervisor import JOB_FILE"))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "mnist_ddp.launch.supervisor -> mnist_ddp.launch.worker -> mnist_ddp.launch.supervisor" in result.stdout
