@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import DETERMINISTIC, REPO, cli_command, cli_env, processes_mentioning, run_cli
+from helpers import DETERMINISTIC, REPO, cli_command, cli_env, processes_mentioning, read_scalars, run_cli
 
 from mnist_ddp.config.command_line import check_command_line
 from mnist_ddp.core.errors import ConfigValueError
@@ -180,6 +180,17 @@ def test_a_parallel_sweep_runs_each_job_on_its_own_core_and_continues_after_a_st
         for key, value in params(sweep.dir / "0").items():
             assert torch.equal(params(sweep.dir / job)[key], value), (job, key)
     assert sweep.summary() == [("0", "completed"), ("1", "resumed"), ("2", "resumed")]
+    # TensorBoard shows each resumed job once: its points before the checkpoint kept, those after it
+    # logged once (the in-place resume's purge step), the same steps as the uninterrupted job's.
+    # ("epoch" is logged again at the last step by the validation and test after fit, in any run.)
+    reference = read_scalars(sweep.dir / "0" / "tensorboard", steps=True)
+    for job in ("1", "2"):
+        scalars = read_scalars(sweep.dir / job / "tensorboard", steps=True)
+        assert scalars.keys() == reference.keys(), job
+        for tag, points in scalars.items():
+            steps = [step for step, _ in points]
+            assert steps == sorted(steps if tag == "epoch" else set(steps)), (job, tag, steps)
+            assert steps == [step for step, _ in reference[tag]], (job, tag)
 
 
 def test_a_failing_job_among_parallel_jobs_ends_alone(noisy_data_dir, tmp_path):
