@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -130,6 +131,19 @@ def test_a_stopped_sweep_continues_with_the_same_command(noisy_data_dir, tmp_pat
         check_command_line("config", [arg.replace("step=1000,6,7", "step=1000,6,8") for arg in args])
     with pytest.raises(ConfigValueError, match="ckpt_path=last: a sweep is continued without it"):
         check_command_line("config", [*args, "ckpt_path=last"])
+    # The same command twice at once: the second is refused while the first holds the sweep's lock.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; lock = open(sys.argv[1], 'a+'); "
+         "fcntl.flock(lock, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)", str(sweep.dir / ".lock")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigValueError, match=rf"{sweep.dir} is in use by another run"):
+            check_command_line("config", args)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
     assert snapshot(sweep.dir / "0") == kept
 
     again = sweep.again()

@@ -15,7 +15,8 @@ class Slot:
         gpus: the GPUs it sees (its ``CUDA_VISIBLE_DEVICES``: indices or UUIDs as this process sees
             them); empty on CPU.
         cores: the CPU cores its processes are pinned to (``sched_setaffinity``); empty on GPUs.
-        threads: torch's threads per process (``OMP_NUM_THREADS``): its cores over its processes.
+        threads: on CPU, torch's threads per process (``OMP_NUM_THREADS``): its cores over its
+            processes. A GPU job keeps the command's own setting.
     """
 
     gpus: tuple[str, ...] = ()
@@ -24,10 +25,9 @@ class Slot:
 
     def environment(self) -> dict[str, str]:
         """The environment variables that confine the job to this slot."""
-        env = {"OMP_NUM_THREADS": str(self.threads)}
         if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
-        return env
+            return {"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)}
+        return {"OMP_NUM_THREADS": str(self.threads)}
 
 
 class DevicePool:

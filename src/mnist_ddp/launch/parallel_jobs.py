@@ -115,7 +115,7 @@ class ParallelJobs:
 
     def _start(self, job: JobProcess, devices: tuple) -> None:
         if job.cuda:
-            job.slot = Slot(gpus=devices, threads=int(os.environ.get("OMP_NUM_THREADS", "1")))
+            job.slot = Slot(gpus=devices)
         else:
             job.slot = Slot(cores=devices, threads=max(1, len(devices) // job.processes))
         env = {**os.environ, **job.slot.environment(), SWEEP_ENV: str(os.getpid())}

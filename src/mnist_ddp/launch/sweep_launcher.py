@@ -35,6 +35,7 @@ from typing_extensions import override
 from mnist_ddp.core.run_dir import LAST_CHECKPOINT, SWEEP_DIR_ENV, read_metrics, run_status
 from mnist_ddp.launch.job_slots import DevicePool, cpu_slot_size, jobs_at_a_time, visible_gpus
 from mnist_ddp.launch.parallel_jobs import JobProcess, ParallelJobs
+from mnist_ddp.launch.supervisor import run_dir_lock
 from mnist_ddp.launch.sweep_summary import RESUMED
 
 log = logging.getLogger(__name__)
@@ -120,10 +121,14 @@ class ResumableLauncher(Launcher):
 
     @override
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        # One command at a time runs a sweep: a second one continuing it meanwhile would run its jobs twice.
+        with run_dir_lock(Path(str(self.config.hydra.sweep.dir))):
+            return self._launch(job_overrides, initial_job_idx)
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         # Hydra's BasicLauncher.launch, with a plan per job: its loop has no place to skip or change one.
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         log.info(f"Launching {len(job_overrides)} jobs locally")
         # The jobs' processes (and, in parallel, their own commands) name the sweep in their resume hints.
         os.environ[SWEEP_DIR_ENV] = str(self.config.hydra.sweep.dir)

@@ -1,13 +1,14 @@
 """The end of a ``-m`` sweep: one row per job, printed and written to ``summary.csv`` in the sweep's directory."""
 
 import csv
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from mnist_ddp.core.run_dir import METRICS_FILE, read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +30,9 @@ def failed_jobs() -> list[str]:
 def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     """One row per job directory of ``sweep_dir`` that holds a ``metrics.json``, in job order."""
     rows = []
-    jobs = [path for path in sweep_dir.iterdir() if (path / "metrics.json").is_file()]
+    jobs = [path for path in sweep_dir.iterdir() if (path / METRICS_FILE).is_file()]
     for job in sorted(jobs, key=lambda path: (not path.name.isdigit(), int(path.name) if path.name.isdigit() else 0)):
-        metrics = json.loads((job / "metrics.json").read_text())
+        metrics = read_metrics(job)
         failed = metrics.get("status") == "failed"
         # A continued sweep resumes an interrupted job with ckpt_path=last (mnist_ddp.launch.sweep_launcher).
         overrides = [override for override in metrics.get("overrides", []) if override != RESUMED]
