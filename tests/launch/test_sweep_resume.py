@@ -133,13 +133,13 @@ def test_a_stopped_sweep_continues_with_the_same_command(noisy_data_dir, tmp_pat
         check_command_line("config", [*args, "ckpt_path=last"])
     # The same command twice at once: the second is refused while the first holds the sweep's lock.
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, sys, time; lock = open(sys.argv[1], 'a+'); "
-         "fcntl.flock(lock, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)", str(sweep.dir / ".lock")],
+        [sys.executable, "-c", "import fcntl, os, sys, time; lock = os.open(sys.argv[1], os.O_RDONLY); "
+         "fcntl.flock(lock, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)", str(sweep.dir)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(ConfigValueError, match=rf"{sweep.dir} is in use by another run"):
+        with pytest.raises(ConfigValueError, match=rf"{sweep.dir} is in use by another command running this sweep"):
             check_command_line("config", args)
     finally:
         holder.kill()

@@ -48,7 +48,8 @@ from mnist_ddp.distributed.layout import (
     resolve_devices,
     uses_cuda,
 )
-from mnist_ddp.launch.supervisor import check_rendezvous_address, run_dir_lock
+from mnist_ddp.launch.supervisor import check_rendezvous_address
+from mnist_ddp.launch.sweep_launcher import hold_sweep
 from mnist_ddp.loggers.trackers import check_tracker_packages
 from mnist_ddp.models.build import build_model
 from mnist_ddp.models.optimization import build_lr_scheduler
@@ -290,9 +291,8 @@ def check_sweep_dir(sweep_dir: Path, overrides: Sequence[str], resume: bool, swe
         )
     if launcher_restarts() > 0 or launcher_rank() > 0 or not holds_a_run(sweep_dir):
         return
-    if (sweep_dir / ".lock").exists():
-        with run_dir_lock(sweep_dir):  # another command continuing this sweep now holds it (the launcher's lock)
-            pass
+    with hold_sweep(sweep_dir):  # another command running this sweep now holds it (the launcher's lock)
+        pass
     record = sweep_dir / "multirun.yaml"
     if not record.is_file():
         raise ConfigValueError(

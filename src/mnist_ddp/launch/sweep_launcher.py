@@ -17,11 +17,13 @@ Job numbers and directories are those of the first command: Hydra numbers the jo
 sweep alike.
 """
 
+import fcntl
 import logging
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -32,10 +34,10 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 from typing_extensions import override
 
+from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.core.run_dir import LAST_CHECKPOINT, SWEEP_DIR_ENV, read_metrics, run_status
 from mnist_ddp.launch.job_slots import DevicePool, cpu_slot_size, jobs_at_a_time, visible_gpus
 from mnist_ddp.launch.parallel_jobs import JobProcess, ParallelJobs
-from mnist_ddp.launch.supervisor import run_dir_lock
 from mnist_ddp.launch.sweep_summary import RESUMED
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,30 @@ def move_aside(job_dir: Path) -> Path:
         number += 1
     shutil.move(job_dir, target)
     return target
+
+
+@contextmanager
+def hold_sweep(sweep_dir: Path) -> Iterator[None]:
+    """Hold ``sweep_dir`` for this command: another command running the same sweep meanwhile is
+    refused. An advisory lock (``flock``) on the directory itself, so that it adds no file to the
+    sweep; the kernel releases it when this process ends, however it ends.
+
+    Raises:
+        ConfigValueError: when another process holds it.
+    """
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(sweep_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigValueError(
+                f"{sweep_dir} is in use by another command running this sweep: wait for it to end, or start this "
+                "one in another directory (hydra.sweep.dir=<new folder>)."
+            ) from None
+        yield
+    finally:
+        os.close(descriptor)
 
 
 @dataclass
@@ -122,7 +148,7 @@ class ResumableLauncher(Launcher):
     @override
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         # One command at a time runs a sweep: a second one continuing it meanwhile would run its jobs twice.
-        with run_dir_lock(Path(str(self.config.hydra.sweep.dir))):
+        with hold_sweep(Path(str(self.config.hydra.sweep.dir))):
             return self._launch(job_overrides, initial_job_idx)
 
     def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
