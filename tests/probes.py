@@ -117,13 +117,19 @@ class RankRecorder(L.Callback):
 class PauseAfterStep(L.Callback):
     """From optimizer step ``step`` on, global rank 0 writes ``marker`` (once) and sleeps ``seconds``
     before every step, so that a test can signal the run at a known point, well before it ends;
-    not once the file ``release`` exists (when given)."""
+    not once the file ``release`` exists (when given); with ``job``, only in the job whose run
+    directory has that name (a sweep's job number)."""
 
-    def __init__(self, step: int, marker: str, seconds: float = 0.1, release: str | None = None) -> None:
+    def __init__(
+        self, step: int, marker: str, seconds: float = 0.1, release: str | None = None, job: str | None = None
+    ) -> None:
         self.step, self.marker, self.seconds = step, Path(marker), seconds
         self.release = Path(release) if release else None
+        self.job = job
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.job is not None and Path(trainer.default_root_dir).name != str(self.job):
+            return
         if trainer.global_rank == 0 and trainer.global_step >= self.step:
             if self.release is not None and self.release.exists():
                 return

@@ -375,6 +375,35 @@ class Schema:
     untyped: Any = None
 
 
+def test_the_optuna_search_starts_at_the_job_number_and_asks_the_trials_compat_sets(tmp_path):
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
+    from optuna.samplers import TPESampler
+
+    private = "OptunaSweeper.sweeper (OptunaSweeperImpl): job_idx, n_trials"
+    sweeper = OptunaSweeper(
+        sampler=TPESampler(seed=0), direction="maximize", storage=None, study_name="compat", n_trials=5, n_jobs=1,
+        max_failure_rate=0.0, search_space=None, custom_search_space=None, params={"x": "interval(0, 1)"},
+    )  # fmt: skip
+    search = compat.optuna_search(sweeper)
+    assert (search.storage, search.study_name, search.n_trials) == (None, "compat", 5), changed(private, "settings")
+    assert hasattr(search.sampler, "reseed_rng"), changed(f"{private}.sampler", "not the sampler built")
+    launched = []
+
+    class Launcher:  # stands in for the one setup() instantiates, which runs the jobs
+        def launch(self, overrides, initial_job_idx):
+            launched.append((initial_job_idx, len(overrides)))
+            returned = JobReturn(overrides=list(overrides[0]), status=JobStatus.COMPLETED)
+            returned.return_value = 0.5
+            return [returned]
+
+    search.launcher, search.hydra_context = Launcher(), object()  # the context only passes through
+    search.config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    search.job_idx, search.n_trials = 7, 2
+    search.sweep([])
+    assert launched == [(7, 1), (8, 1)], changed(private, f"jobs launched {launched}, not 2 from job 7")
+
+
 def test_the_declared_type_of_a_null_node_is_its_schemas():
     cfg = OmegaConf.structured(Schema)
     assert compat.declared_type(cfg, "tracker") is Tracker, changed("Node._metadata.ref_type", "not the schema's type")

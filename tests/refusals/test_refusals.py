@@ -172,7 +172,7 @@ def test_a_new_run_into_the_directory_of_an_earlier_run_is_refused(tmp_path, mar
     # Resuming in place is the way on; a sweep into a folder of runs that is no sweep is refused too.
     check_output_dir(run, resume=True)
     with pytest.raises(ConfigValueError, match=f"hydra.sweep.dir={log_dir / 'runs'} already holds runs but no sweep"):
-        check_sweep_dir(log_dir / "runs", [], resume=False, sweeper=BASIC_SWEEPER)
+        check_sweep_dir(log_dir / "runs", [], resume=False, sweeper={"_target_": BASIC_SWEEPER})
     check_output_dir(tmp_path / "new", resume=False)
 
 

@@ -76,7 +76,8 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
         return
     training = config_name not in CHECKPOINT_USES
     data_sets: list[tuple[dict, L.LightningDataModule]] = []  # each data set once: its resolved node, its DataModule
-    sweeper = jobs[0].cfg.hydra.sweeper._target_  # before _output_dir drops the hydra node
+    # Before _output_dir drops the hydra node.
+    sweeper = OmegaConf.to_container(jobs[0].cfg.hydra.sweeper, resolve=False)
     for job in jobs:
         output_dir = _output_dir(job)
         cfg = job.cfg
@@ -266,22 +267,29 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
     )
 
 
-#: The sweeper whose sweeps can be continued (its jobs are known before they run).
+#: The sweeper whose sweeps can be continued job for job (its jobs are known before they run).
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+#: The sweeper whose searches can be continued (conf/hparams_search/optuna.yaml): its study holds its trials.
+SEARCH_SWEEPER = "hydra_plugins.mnist_ddp_sweeper.ResumableOptunaSweeper"
+#: The settings of a search that a continued search may change: how many trials in all, and at once.
+SEARCH_EXTENT = ("n_trials", "n_jobs")
 
 
-def check_sweep_dir(sweep_dir: Path, overrides: Sequence[str], resume: bool, sweeper: str) -> None:
+def check_sweep_dir(sweep_dir: Path, overrides: Sequence[str], resume: bool, sweeper: dict) -> None:
     """A ``-m`` sweep into ``sweep_dir`` (``hydra.sweep.dir``) with the task ``overrides`` (a sweep's
-    as given: :func:`~mnist_ddp.config.compose.task_overrides`): a new sweep, or the same sweep as the
-    one recorded there (Hydra's ``multirun.yaml``), which continues
-    (:mod:`mnist_ddp.launch.sweep_launcher`). Not checked in the processes other than global rank 0
-    under torchrun or SLURM, nor in a launcher's restart.
+    as given: :func:`~mnist_ddp.config.compose.task_overrides`) and the settings ``sweeper`` (its
+    ``hydra.sweeper`` node, unresolved): a new sweep, or the same sweep as the one recorded there
+    (Hydra's ``multirun.yaml``), which continues (:mod:`mnist_ddp.launch.sweep_launcher`; a search
+    by Optuna: :mod:`mnist_ddp.launch.optuna_search`, which may ask for more or fewer trials in all,
+    ``hydra.sweeper.n_trials``). Not checked in the processes other than global rank 0 under torchrun
+    or SLURM, nor in a launcher's restart.
 
     Raises:
         ConfigValueError: for ``ckpt_path=last`` on a sweep (a sweep continues without it); for a
-            folder that holds another sweep (naming the overrides that differ) or runs but no sweep,
-            or whose sweep another command is running now;
-            for a search by another sweeper than Hydra's basic one (Optuna's) into a folder that holds one.
+            folder that holds another sweep (naming the overrides or search settings that differ) or
+            runs but no sweep, or whose sweep another command is running now; for a search whose
+            study was kept in memory, or by a sweeper other than Hydra's basic one and the template's
+            Optuna one.
     """
     if resume:
         raise ConfigValueError(
@@ -299,24 +307,65 @@ def check_sweep_dir(sweep_dir: Path, overrides: Sequence[str], resume: bool, swe
             f"hydra.sweep.dir={sweep_dir} already holds runs but no sweep (no multirun.yaml): a sweep there would "
             "overwrite them. Start the sweep in another directory (hydra.sweep.dir=<new folder>, or leave it unset)."
         )
-    if sweeper != BASIC_SWEEPER:
+    elsewhere = "Start it in another directory (hydra.sweep.dir=<new folder>, or leave it unset)."
+    if sweeper["_target_"] not in (BASIC_SWEEPER, SEARCH_SWEEPER):
+        name = sweeper["_target_"].rsplit(".", 1)[-1]
         raise ConfigValueError(
-            f"hydra.sweep.dir={sweep_dir} already holds a sweep, and a search by {sweeper.rsplit('.', 1)[-1]} cannot "
-            "be continued yet: its trials are chosen as it runs. Start it in another directory "
-            "(hydra.sweep.dir=<new folder>, or leave it unset)."
+            f"hydra.sweep.dir={sweep_dir} already holds a sweep, and a search by {name} cannot be continued: its "
+            f"trials are chosen as it runs. {elsewhere}"
         )
     # As given: an override may hold an interpolation (${paths.output_dir}) for the job to resolve.
-    saved = OmegaConf.to_container(OmegaConf.load(record).hydra.overrides.task, resolve=False)
-    # The same jobs in the same order (their numbers): the order of a job's own overrides does not matter.
-    if [set(job) for job in sweep_jobs(saved)] == [set(job) for job in sweep_jobs(overrides)]:
+    saved = OmegaConf.to_container(OmegaConf.load(record).hydra, resolve=False)
+    saved_overrides, saved_sweeper = saved["overrides"]["task"], saved["sweeper"]
+    if sweeper["_target_"] == SEARCH_SWEEPER and saved_sweeper["_target_"] == SEARCH_SWEEPER:
+        if saved_sweeper.get("storage") is None:
+            raise ConfigValueError(
+                f"hydra.sweep.dir={sweep_dir} holds a search whose study was kept in memory "
+                f"(hydra.sweeper.storage=null), and is lost: it cannot be continued. {elsewhere}"
+            )
+        ours, theirs = _settings(sweeper), _settings(saved_sweeper)
+        if differ := [key for key in {**theirs, **ours} if ours.get(key) != theirs.get(key)]:
+            ours = " ".join(f"{key}={ours.get(key)}" for key in differ)
+            theirs = " ".join(f"{key}={theirs.get(key)}" for key in differ)
+            raise _another_sweep(sweep_dir, f"this command sets {ours}, that search set {theirs}", record)
+        # The trials are the study's: only the overrides themselves must agree, in any order.
+        if set(saved_overrides) != set(overrides):
+            raise _another_sweep(sweep_dir, _differing(overrides, saved_overrides), record)
         return
-    ours, theirs = [o for o in overrides if o not in saved], [o for o in saved if o not in overrides]
-    difference = (
-        f"this command sets {' '.join(ours) or 'nothing else'}, that sweep set {' '.join(theirs) or 'nothing else'}"
-        if ours or theirs
-        else "the same values in another order, which would number its jobs otherwise"
-    )
-    raise ConfigValueError(
+    if sweeper["_target_"] != saved_sweeper["_target_"]:
+        kinds = {BASIC_SWEEPER: "a sweep of the values given", SEARCH_SWEEPER: "a search by Optuna"}
+        theirs = kinds.get(saved_sweeper["_target_"], saved_sweeper["_target_"])
+        raise _another_sweep(sweep_dir, f"this command runs {kinds[sweeper['_target_']]}, that was {theirs}", record)
+    # The same jobs in the same order (their numbers): the order of a job's own overrides does not matter.
+    if [set(job) for job in sweep_jobs(saved_overrides)] == [set(job) for job in sweep_jobs(overrides)]:
+        return
+    raise _another_sweep(sweep_dir, _differing(overrides, saved_overrides), record)
+
+
+def _settings(sweeper: dict, prefix: str = "hydra.sweeper.") -> dict:
+    """The settings of a search that define its trials (not :data:`SEARCH_EXTENT`), by dotted key
+    (``hydra.sweeper.params.model.optimizer.lr``)."""
+    settings = {}
+    for key, value in sweeper.items():
+        if isinstance(value, dict) and value:
+            settings |= _settings(value, f"{prefix}{key}.")
+        elif prefix != "hydra.sweeper." or key not in SEARCH_EXTENT:
+            settings[f"{prefix}{key}"] = value
+    return settings
+
+
+def _differing(overrides: Sequence[str], saved: Sequence[str]) -> str:
+    """What differs between a command's task ``overrides`` and a recorded sweep's (``saved``), in words."""
+    ours = " ".join(o for o in overrides if o not in saved) or "nothing else"
+    theirs = " ".join(o for o in saved if o not in overrides) or "nothing else"
+    if set(overrides) != set(saved):
+        return f"this command sets {ours}, that sweep set {theirs}"
+    return "the same values in another order, which would number its jobs otherwise"
+
+
+def _another_sweep(sweep_dir: Path, difference: str, record: Path) -> ConfigValueError:
+    """The refusal of a sweep into ``sweep_dir`` that holds another one (``difference``: how it differs)."""
+    return ConfigValueError(
         f"hydra.sweep.dir={sweep_dir} holds another sweep: {difference}. Its results would be reported under this "
         f"command's values. Continue that sweep with its own overrides (hydra.overrides.task in {record}), or start "
         "this one in another directory (hydra.sweep.dir=<new folder>, or leave it unset)."

@@ -1,9 +1,11 @@
-"""The private APIs of Lightning, torch and OmegaConf that the template relies on: the one module
-that touches them, so that an upgrade that changes one breaks here, and ``tests/core/test_compat.py``
-names it. No other module uses a private attribute of a library (that test scans ``src/`` for one).
+"""The private APIs of Lightning, torch, OmegaConf and Hydra's Optuna plugin that the template
+relies on: the one module that touches them, so that an upgrade that changes one breaks here, and
+``tests/core/test_compat.py`` names it. No other module uses a private attribute of a library (that
+test scans ``src/`` for one).
 
-Known to work with torch 2.14.1, lightning 2.6.6, omegaconf 2.3.1 and tensorboard 2.21.0 (read
-with ``pip show``; ``pyproject.toml`` points here). Each private API, and the public one missing:
+Known to work with torch 2.14.1, lightning 2.6.6, omegaconf 2.3.1, tensorboard 2.21.0 and
+hydra-optuna-sweeper 1.3.0 (read with ``pip show``; ``pyproject.toml`` points here). Each private
+API, and the public one missing:
 
 Lightning
     - ``_TrainingEpochLoop._broadcast_sigterm_tensor`` (replaced on the instance,
@@ -38,6 +40,11 @@ torch
     - ``torch.utils.tensorboard.SummaryWriter._get_file_writer()`` (:func:`tensorboard_file_writer`):
       the writer's ``add_*`` methods build their own summaries, none takes a prebuilt one (TensorBoard's
       HPARAMS summaries); the public ``file_writer`` attribute is None once the writer is closed.
+
+hydra-optuna-sweeper
+    - ``OptunaSweeper.sweeper`` and its ``storage``, ``study_name``, ``sampler``, ``launcher``,
+      ``job_idx`` and ``n_trials`` (:func:`optuna_search`): the plugin has no setting to start a
+      search at a job number other than 0, nor to ask fewer trials than ``n_trials`` (a continued search's).
 
 OmegaConf
     - ``Node._metadata.ref_type`` (:func:`declared_type`): ``OmegaConf.get_type`` gives a value's
@@ -101,6 +108,16 @@ def logs_this_step(trainer: "L.Trainer") -> bool:
     Lightning's ``trainer._logger_connector.should_update_logs``, the rule its logger connector applies.
     """
     return trainer._logger_connector.should_update_logs
+
+
+def optuna_search(sweeper: Any) -> Any:
+    """The search inside hydra-optuna-sweeper's ``OptunaSweeper`` (its ``OptunaSweeperImpl``, the
+    ``sweeper`` attribute). Of it the template reads ``storage``, ``study_name``, ``sampler`` (the
+    sampler built) and ``launcher`` (set by ``setup``), and before ``sweep`` sets ``job_idx`` (the
+    number of the first job it launches; ``setup`` sets 0) and ``n_trials`` (how many trials it
+    asks): a continued search (:mod:`mnist_ddp.launch.optuna_search`) numbers its jobs after the
+    study's trials and asks only the trials still to go."""
+    return sweeper.sweeper
 
 
 def _no_broadcast() -> None:

@@ -168,7 +168,8 @@ class ResumableLauncher(Launcher):
             if plan is JobPlan.KEEP:
                 again = " (hydra.launcher.rerun_failed=true runs it again)" if run_status(job_dir) == "failed" else ""
                 log.info(f"\t#{index} {run_status(job_dir)} in an earlier run of this sweep ({job_dir}): kept{again}")
-                runs[index] = JobReturn(overrides=overrides, cfg=config, status=JobStatus.COMPLETED)
+                # Its objective again, for a sweeper that asks (Optuna's, telling a trial left in flight).
+                runs[index] = job_return(PlannedJob(index, overrides, config, job_dir))
                 continue
             if plan is JobPlan.RESUME:
                 log.info(f"\t#{index} resumes in place from {job_dir / LAST_CHECKPOINT}")
@@ -239,10 +240,11 @@ def parallel_jobs(planned: Sequence[PlannedJob], n_jobs: int | None) -> Parallel
 
 
 def job_return(job: PlannedJob) -> JobReturn:
-    """What Hydra's sweeper gets for a job run in its own process: its ``metrics.json``'s objective
-    (``val/acc`` for a training) as the return value, or None for a job that did not complete."""
+    """What Hydra's sweeper gets for a job run in its own process, or kept from an earlier run of the
+    sweep: its ``metrics.json``'s objective (``val/acc`` for a training) as the return value, or None
+    for a job that did not complete."""
     metrics = read_metrics(job.job_dir)
-    value = metrics.get(metrics.get("objective", ""))
+    value = metrics.get(metrics.get("objective", "")) if run_status(job.job_dir) == "completed" else None
     returned = JobReturn(overrides=job.overrides, cfg=job.config, status=JobStatus.COMPLETED)
     returned.return_value = value
     return returned
