@@ -1,8 +1,9 @@
 """A hyperparameter search by Optuna that survives a kill, through the real command line: 4 trials,
-one after another, 1 gloo process each on the synthetic data, ``last.ckpt`` every 5 steps. The
-search is killed (SIGKILL to its whole process group, as a node failure or the OOM killer would)
-while trial 2 trains, after its first checkpoint; the same command with its ``hydra.sweep.dir``
-continues it from the study in the sweep's directory (``optuna.db``)."""
+one after another, 1 gloo process each on the synthetic data, ``last.ckpt`` every 5 steps, logged
+to TensorBoard, CSV and MLflow. The search is killed (SIGKILL to its whole process group, as a node
+failure or the OOM killer would) while trial 2 trains, after its first checkpoint; the same command
+with its ``hydra.sweep.dir`` continues it from the study in the sweep's directory (``optuna.db``),
+and every tracker shows each trial's job once."""
 
 import csv
 import json
@@ -17,7 +18,8 @@ import optuna
 import pytest
 import torch
 import yaml
-from helpers import REPO, cli_command, cli_env, processes_mentioning
+from helpers import REPO, cli_command, cli_env, processes_mentioning, read_scalars
+from mlflow import MlflowClient
 
 from mnist_ddp.config.command_line import check_command_line
 from mnist_ddp.core.errors import ConfigValueError
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.processes
 STEPS = 16  # 1 epoch of (1,200 - 200) / 64 global batches
 SEARCH = (
     "trainer.accelerator=cpu", "trainer.devices=1", "data.val_size=200", "data.global_batch_size=64",
-    "trainer.max_epochs=1", "hparams_search=optuna", "hydra.sweeper.n_trials=4",
+    "trainer.max_epochs=1", "hparams_search=optuna", "hydra.sweeper.n_trials=4", "logger=[tensorboard,csv,mlflow]",
     "callbacks.last_checkpoint.train_time_interval=null", "callbacks.last_checkpoint.every_n_train_steps=5",
     # Trial 2 slows down from step 6 (after its checkpoint at step 5) until the test releases it.
     "+callbacks.pause._target_=probes.PauseAfterStep", "+callbacks.pause.step=6", "+callbacks.pause.seconds=1",
@@ -110,4 +112,23 @@ def test_a_killed_search_continues_toward_n_trials_and_finishes_the_trial_in_fli
     assert [(row["job"], row["status"]) for row in rows] == [
         ("0", "completed"), ("1", "completed"), ("2", "resumed"), ("3", "completed")
     ]  # fmt: skip
+    # Each job once in every tracker, the resumed one too: TensorBoard and CSV with the uninterrupted
+    # job's steps (the points after the checkpoint logged once), one finished MLflow run per job.
+    # ("epoch" is logged again at the last step by the validation and test after fit, in any run.)
+    reference = read_scalars(sweep_dir / "0" / "tensorboard", steps=True)
+    resumed = read_scalars(sweep_dir / "2" / "tensorboard", steps=True)
+    assert {tag: [step for step, _ in points] for tag, points in resumed.items()} == {
+        tag: [step for step, _ in points] for tag, points in reference.items()
+    }
+    for job in ("0", "2"):
+        rows = list(csv.DictReader((sweep_dir / job / "csv" / "metrics.csv").open(newline="")))
+        steps = [int(row["step"]) for row in rows if row.get("train/loss")]
+        assert steps == sorted(set(steps)) == [step for step, _ in reference["train/loss"]], job
+    client = MlflowClient(f"sqlite:///{log_dir}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("mnist-ddp").experiment_id])
+    assert sorted(run.info.run_name for run in runs) == [f"search/{job}" for job in "0123"]
+    for run in runs:
+        job = sweep_dir / run.info.run_name.split("/")[1]
+        assert run.info.status == "FINISHED", run.info.run_name
+        assert run.data.metrics["test/acc"] == json.loads((job / "metrics.json").read_text())["test/acc"]
     assert processes_mentioning(str(log_dir)) == []
