@@ -339,6 +339,24 @@ def test_ddp_logging_data_holds_what_the_ddp_report_reads(process_group):
     bucket_sizes("rebuilt_bucket_sizes", at_least=1)
 
 
+def test_ddp_times_the_iterations_compat_samples_and_records_them_at_the_next_forward(process_group):
+    private = "DistributedDataParallel._set_ddp_runtime_logging_sample_rate / _get_ddp_logging_data() timings"
+    ddp = DistributedDataParallel(nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2)))
+    compat.sample_ddp_runtime_every(ddp, 4)
+    timings = ("forward_compute_time", "backward_compute_time", "backward_comm_time")
+    timings += ("backward_compute_comm_overlap_time",)
+    recorded = []
+    for _ in range(16):
+        ddp(torch.randn(32, 256)).sum().backward()  # each forward records the iteration before it, if sampled
+        data = compat.ddp_logging_data(ddp)
+        recorded.append(data.get("iteration"))
+        assert all(data.get(key, 0) >= 0 for key in timings), changed(private, f"a timing is missing: {data}")
+    assert all(key in data for key in timings), changed(private, "no per-iteration timings")
+    # The first 10 iterations, then every 4th: iteration 12 is the latest sampled at forward 16.
+    assert recorded == [*range(11), 10, 12, 12, 12, 12], changed(private, f"sampled iterations {recorded}")
+    assert data["backward_compute_comm_overlap_time"] <= data["backward_comm_time"], changed(private, "overlap > comm")
+
+
 def test_the_process_group_timeout_is_read_back(process_group):
     assert compat.process_group_timeout(torch.device("cpu")) == TIMEOUT, changed(
         "Backend.Options._timeout", "not the timeout the process group was built with"

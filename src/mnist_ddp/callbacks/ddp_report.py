@@ -31,7 +31,13 @@ class DDPSettingsReport(L.Callback):
     ``find_unused_parameters``, ``static_graph``, ``gradient_as_bucket_view``,
     ``broadcast_buffers``, ``bucket_cap_mb`` (MiB), ``bucket_sizes_bytes`` (one entry per gradient
     bucket, bytes; a tensor larger than the cap gets a bucket of its own), ``sync_batchnorm``
-    (whether the model holds SyncBatchNorm layers).
+    (whether the model holds SyncBatchNorm layers), ``allreduce_bytes_per_step`` (what each rank
+    AllReduces per optimizer step: the buckets' bytes in the hook's dtype, half of them with the
+    fp16 / bf16 hooks; null for PowerSGD, whose volume depends on each tensor's shape and the
+    rank of its approximation) and ``allreduce_sent_bytes_per_rank`` (what a ring AllReduce, NCCL's
+    and gloo's algorithm for large buffers, sends from each rank for it: 2 (W - 1) / W times that,
+    W the world size; Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
+    workstations", 2009).
 
     Args:
         path: the JSON file to write (the default config puts it in the run directory as ``ddp.json``).
@@ -72,5 +78,22 @@ class DDPSettingsReport(L.Callback):
             "bucket_sizes_bytes": [int(size) for size in str(buckets).split(",")],
             "sync_batchnorm": bool(data.get("has_sync_bn")),
         }
+        payload = allreduce_bytes(settings["bucket_sizes_bytes"], settings["comm_hook"])
+        settings["allreduce_bytes_per_step"] = payload
+        ring = 2 * (settings["world_size"] - 1) / settings["world_size"]
+        settings["allreduce_sent_bytes_per_rank"] = None if payload is None else round(ring * payload)
         write_json(self.path, settings)
         return settings
+
+
+#: The bytes each hook sends per gradient byte (fp32 gradients): torch's compress hooks cast each
+#: bucket to 16 bits for the AllReduce.
+HOOK_BYTES_PER_GRADIENT_BYTE = {"none": 1.0, "fp16_compress_hook": 0.5, "bf16_compress_hook": 0.5}
+
+
+def allreduce_bytes(bucket_sizes: list[int], comm_hook: str) -> int | None:
+    """The bytes one rank AllReduces per optimizer step: the gradient buckets (``bucket_sizes``, bytes)
+    as the communication hook ``comm_hook`` (DDP's name for it, ``"none"`` without one) sends them;
+    None for a hook whose volume is not a fixed share of the buckets (PowerSGD)."""
+    share = HOOK_BYTES_PER_GRADIENT_BYTE.get(comm_hook)
+    return None if share is None else round(sum(bucket_sizes) * share)

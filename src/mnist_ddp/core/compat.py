@@ -32,7 +32,9 @@ Lightning
 
 torch
     - ``DistributedDataParallel._get_ddp_logging_data()`` (:func:`ddp_logging_data`): the gradient
-      buckets and the registered communication hook have no public accessor.
+      buckets, the registered communication hook and DDP's own timing of its iterations have no
+      public accessor; ``_set_ddp_runtime_logging_sample_rate`` (:func:`sample_ddp_runtime_every`):
+      how often DDP times an iteration has no public setting.
     - ``Backend.Options._timeout`` (:func:`process_group_timeout`): a process group's timeout can be
       set (``init_process_group(timeout=)``, ``set_timeout``) but not read. The backend itself comes
       from ``torch.distributed.get_backend_impl`` (public in torch 2.14), on older versions from
@@ -181,11 +183,27 @@ def saved_loader_states(checkpoint: dict) -> list | None:
 def ddp_logging_data(ddp: "DistributedDataParallel") -> dict[str, Any]:
     """DDP's own record of its settings: constructor arguments, ``comm_hook`` (the registered
     hook's name), ``bucket_sizes`` and, once DDP has rebuilt its buckets (``has_rebuilt_buckets``),
-    ``rebuilt_bucket_sizes`` (each a comma-separated string of bytes), ``has_sync_bn``.
+    ``rebuilt_bucket_sizes`` (each a comma-separated string of bytes), ``has_sync_bn``; and its
+    runtime statistics of the latest iteration it sampled (:func:`sample_ddp_runtime_every`):
+    ``iteration`` (its number, from 1, counting the forward passes that synchronize gradients),
+    ``forward_compute_time`` (from the forward's start to the backward's), ``backward_compute_time``
+    (to the last gradient ready), ``backward_comm_time`` (from the first bucket's AllReduce to the
+    last one's end) and ``backward_compute_comm_overlap_time`` (the part of it before the last
+    gradient was ready), in nanoseconds: CUDA events on GPUs, the host clock on CPU.
 
     torch's ``DistributedDataParallel._get_ddp_logging_data()``.
     """
     return ddp._get_ddp_logging_data()
+
+
+def sample_ddp_runtime_every(ddp: "DistributedDataParallel", iterations: int) -> None:
+    """Have DDP time (:func:`ddp_logging_data`) its first 10 iterations and then every
+    ``iterations``-th (torch's default: every 100th). The statistics of an iteration are recorded
+    at the start of the next one's forward.
+
+    torch's ``DistributedDataParallel._set_ddp_runtime_logging_sample_rate``.
+    """
+    ddp._set_ddp_runtime_logging_sample_rate(iterations)
 
 
 def process_group_timeout(device: "torch.device") -> timedelta:

@@ -80,6 +80,13 @@ def write_json(path: Path, data: dict) -> None:
     write_atomically(path, json.dumps(data, indent=2) + "\n")
 
 
+def update_json(path: Path, entries: dict) -> None:
+    """Merge ``entries`` into the JSON object in ``path`` (an empty one where there is none), written
+    atomically (:func:`write_json`): a file several callbacks add their keys to (``ddp.json``)."""
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    write_json(path, data | entries)
+
+
 def write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
     """Write a CSV file (``header``, then ``rows``; Python's ``csv`` dialect ``excel``), atomically
     (:func:`write_atomically`)."""
