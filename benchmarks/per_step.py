@@ -23,6 +23,10 @@ once (the first step's allocations, the template's input-batch figure, a GPU's c
 out of the cost per step; the end-to-end table of ``benchmarks.run`` counts it. A figure is that
 time over ``--steps``, the median over ``--repeats`` runs, the programs interleaved.
 
+``--without <callback>`` also runs the template without ``callbacks.<callback>`` (a fourth program,
+``template-without``, interleaved with the others), and the table gives what that callback costs per
+step: the template's time over the one without it.
+
 The table goes to ``--out`` and, with ``--page``, into a Markdown page between its per-step markers.
 """
 
@@ -70,7 +74,9 @@ def command(program: str, model: str, run_dir: Path, data_dir: Path, options: ar
     if program == "lightning":
         return [*torchrun(nproc), "-m", "benchmarks.plain_lightning", "--data-dir", str(data_dir), "--model", model,
                 "--steps", steps, "--out-dir", str(run_dir)]  # fmt: skip
+    without = [f"~callbacks.{options.without}"] if program == "template-without" else []
     return [sys.executable, "-m", "mnist_ddp.train", *TEMPLATE_MODEL[model], *(TEMPLATE_GPU if options.gpu else []),
+            *without,
             f"trainer.devices={nproc}",
             f"data.global_batch_size={GLOBAL_BATCH}", "trainer.max_epochs=1", f"trainer.limit_train_batches={steps}",
             "data=mnist", f"data.data_dir={data_dir}", f"hydra.run.dir={run_dir}",
@@ -135,6 +141,10 @@ def main(argv: list[str] | None = None) -> None:
         "--page", type=Path, default=None, help="also put the table into this page, between its markers"
     )
     parser.add_argument("--work-dir", type=Path, default=None, help="run directories (default: a temporary one)")
+    parser.add_argument(
+        "--without", metavar="CALLBACK", default=None,
+        help="also time the template without callbacks.CALLBACK, and give that callback's cost per step",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     for flag, value, least in (
         ("--steps", args.steps, 1),
@@ -152,13 +162,14 @@ def main(argv: list[str] | None = None) -> None:
     except UsageError as error:  # no MNIST there, and no download: one line, not a traceback
         parser.error(f"--data-dir {args.data_dir}: {error}")
 
-    programs = list(LABELS)
+    programs = [*LABELS, *(["template-without"] if args.without else [])]
     runs = {model: {program: [] for program in programs} for model in args.models}
     with tempfile.TemporaryDirectory(prefix="mnist-ddp-per-step-") as tmp:
         work = args.work_dir or Path(tmp)
         for repeat in range(args.repeats):
             for model in args.models:
-                for program in programs[repeat % 3 :] + programs[: repeat % 3]:  # interleaved, rotated
+                turn = repeat % len(programs)
+                for program in programs[turn:] + programs[:turn]:  # interleaved, rotated
                     ms = ms_per_step(program, model, work / f"{model}-{program}-{repeat}", data_dir, args)
                     runs[model][program].append(ms)
                     print(f"{model} {program} run {repeat}: {ms:.2f} ms/step", flush=True)
@@ -172,6 +183,13 @@ def main(argv: list[str] | None = None) -> None:
         f"the median of {args.repeats} run{'s' if args.repeats > 1 else ''} per program (interleaved):\n\n"
         f"{table(runs)}\n"
     )
+    if args.without:
+        for model, by_program in runs.items():
+            template, without = (statistics.median(by_program[p]) for p in ("template", "template-without"))
+            text += (
+                f"\n{model}: the template without `callbacks.{args.without}` {without:.2f} ms per step; with it "
+                f"{template:.2f} ms, {template / without:.3f}x ({100 * (template / without - 1):+.1f}% per step).\n"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     args.out.with_suffix(".json").write_text(json.dumps(runs, indent=2) + "\n")
