@@ -17,7 +17,7 @@ VENV := .venv
 # Marker file: the venv is rebuilt when pyproject.toml changes.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: train test test-fast benchmark gpu-check rename clean
+.PHONY: train test test-fast benchmark benchmark-scaling gpu-check rename clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ test-fast: $(INSTALLED)
 benchmark: $(INSTALLED)
 	$(VENV)/bin/python -m benchmarks.run --page docs/performance.md $(BENCH_ARGS)
 	$(VENV)/bin/python -m benchmarks.per_step --page docs/performance.md $(BENCH_ARGS)
+
+# DDP scaling: samples/s, scaling efficiency and exposed communication for 1, 2 and 4 processes, each
+# with the plain AllReduce, fp16 and PowerSGD (about 6 minutes on 2 CPU cores; benchmarks/scaling.py):
+#   make benchmark-scaling SCALING_ARGS="--data-dir /path/to/data"
+benchmark-scaling: $(INSTALLED)
+	$(VENV)/bin/python -m benchmarks.scaling --page docs/performance.md $(SCALING_ARGS)
 
 gpu-check: $(INSTALLED)
 	$(VENV)/bin/python -m benchmarks.gpu_check $(GPU_CHECK_ARGS)

@@ -17,8 +17,10 @@ the fast recipe's global batch of 64 evenly), one step after another:
   world size is 1 (NCCL takes one process per GPU): the step is skipped and says so;
 - ``cuda_tests`` (e): the tests marked ``cuda`` (skipped without a GPU): ``pytest -m cuda``;
 - ``per_step`` (c): ``benchmarks/per_step.py --gpu``, the milliseconds per optimizer step of the
-  hand-written loop, plain Lightning and the template, one run each. Last: it is the longest, and
-  when its time runs out the figures of the runs it finished are kept.
+  hand-written loop, plain Lightning and the template, one run each. Near the end: it is the
+  longest, and when its time runs out the figures of the runs it finished are kept;
+- ``scaling`` (f): ``benchmarks/scaling.py --gpu`` on 1 GPU and on all of them, each with the plain
+  AllReduce and the fp16 and PowerSGD hooks: samples/s, scaling efficiency, exposed communication.
 
 Each step has its own time limit (:data:`TIMEOUT_S`) and the whole check a budget (``--budget``):
 a step that runs past its limit is stopped with every process it started (SIGTERM, then SIGKILL)
@@ -63,9 +65,10 @@ from mnist_ddp.data.idx import MNIST_FILES
 #: (estimated, not yet measured): fast_gpu 60-100 s (process start-up; compiling the training and
 #: the evaluation graphs with a cold cache; 860 steps; two evaluations), reference 40-70 s,
 #: sync_batchnorm two runs of 20-30 s, cuda_tests 40-70 s (collection, a training command, the
-#: in-process test), per_step 6 runs of 10-20 s. Their sum is above the budget on purpose: per_step,
-#: last, gets what is left, and keeps the figures of the runs it finished.
-TIMEOUT_S = {"fast_gpu": 180, "reference": 120, "sync_batchnorm": 100, "cuda_tests": 120, "per_step": 150}
+#: in-process test), per_step 6 runs of 10-20 s, scaling 6 runs of 10-20 s. Their sum is above the
+#: budget on purpose: the last steps get what is left, and per_step keeps the figures of the runs it finished.
+TIMEOUT_S = {"fast_gpu": 180, "reference": 120, "sync_batchnorm": 100, "cuda_tests": 120, "per_step": 150,
+             "scaling": 150}  # fmt: skip
 #: The whole check's default budget: 8 minutes less this script's start-up and last writes.
 BUDGET_S = 465
 #: After SIGTERM, before SIGKILL: the template's supervisor stops its workers, which write their stacks.
@@ -78,6 +81,8 @@ SANITY_ACC = 0.98
 BN_TOLERANCE = 1e-6
 #: Optimizer steps of each sync_batchnorm run; per_step's steps and runs per program and model.
 SYNC_BN_STEPS, PER_STEP_STEPS, PER_STEP_REPEATS = 20, 300, 1
+#: scaling's optimizer steps timed per run.
+SCALING_STEPS = 100
 #: per_step's progress lines (``tiny raw run 0: 3.10 ms/step``): the figures of a run cut short.
 PER_STEP_LINE = re.compile(r"^(\w+) (\w+) run (\d+): ([\d.]+) ms/step$", re.MULTILINE)
 
@@ -325,6 +330,12 @@ def per_step_figures(out: Path, outcome: Outcome) -> dict:
     return {"runs": json.loads(out.with_suffix(".json").read_text()), "table": out.read_text()}
 
 
+def scaling_figures(out: Path, outcome: Outcome) -> dict:
+    """scaling's figures (its JSON: ``<world size>-<hook>`` -> each run's figures) and its table."""
+    check_exit(outcome, "benchmarks.scaling")
+    return {"runs": json.loads(out.with_suffix(".json").read_text()), "table": out.read_text()}
+
+
 def missing_modules(*names: str) -> list[str]:
     """Those of the modules ``names`` that this Python cannot import."""
     return [name for name in names if importlib.util.find_spec(name) is None]
@@ -386,6 +397,14 @@ def plan(args: argparse.Namespace, gpus: int) -> list[Step]:
                         "--steps", str(PER_STEP_STEPS), "--repeats", str(PER_STEP_REPEATS), "--data-dir", str(data),
                         "--out", str(out), "--work-dir", str(work / "per_step")]],
                       lambda outcomes: per_step_figures(out, outcomes[0]), per_step_partial))  # fmt: skip
+    scaling = args.logs_dir / "scaling.md"
+    sizes = sorted({1, nproc})
+    steps.append(Step("scaling", f"(f) DDP scaling on {' and '.join(map(str, sizes))} GPUs: `benchmarks/scaling.py "
+                      "--gpu`, plain AllReduce, fp16 and PowerSGD hooks, 1 run each", TIMEOUT_S["scaling"],
+                      [[sys.executable, "-m", "benchmarks.scaling", "--gpu", "--world-sizes", *map(str, sizes),
+                        "--steps", str(SCALING_STEPS), "--repeats", "1", "--data-dir", str(data),
+                        "--out", str(scaling), "--work-dir", str(work / "scaling")]],
+                      lambda outcomes: scaling_figures(scaling, outcomes[0])))  # fmt: skip
     for step in steps:
         if args.only and step.name not in args.only and not step.skip:
             step.skip = f"not selected (--only {' '.join(args.only)})"
@@ -433,6 +452,8 @@ def summary(name: str, step: dict) -> str:
     elif name == "per_step":
         done = sum(len(ms) for by_program in figures.get("runs", {}).values() for ms in by_program.values())
         text = f"{done} runs, table below"
+    elif name == "scaling" and figures.get("runs"):
+        text = f"{sum(len(runs) for runs in figures['runs'].values())} runs, table below"
     else:
         text = ""
     if status != "passed" and step.get("reason"):
@@ -480,6 +501,9 @@ def render(data: dict) -> str:
             for model, by_program in per_step["runs"].items()
             for program, values in by_program.items()
         ]
+    scaling = data["steps"].get("scaling", {}).get("figures") or {}
+    if scaling.get("table"):
+        lines += ["", "## Scaling", "", scaling["table"].strip()]
     cuda = data["steps"].get("cuda_tests", {}).get("figures") or {}
     if cuda:
         lines += ["", "## CUDA tests", ""]

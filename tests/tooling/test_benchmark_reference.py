@@ -1,13 +1,17 @@
 """The benchmarks' parts that need no training run: the hand-written reference builds the fast
-recipe's model with the same initial weights; the per-step harness refuses counts that leave no
-timed step."""
+recipe's model with the same initial weights; the per-step and scaling harnesses refuse counts that
+leave no timed step; the scaling harness's runs compose to the world size, hook and global batch
+they name."""
+
+import argparse
+from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from benchmarks import per_step
+from benchmarks import per_step, scaling
 from benchmarks.reference_ddp import make_model
 from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 
@@ -37,3 +41,25 @@ def test_per_step_refuses_counts_that_leave_no_timed_step(flag, value, least, ca
         per_step.main([flag, value])
     assert refused.value.code == 2
     assert f"{flag} {value}: at least {least}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "least"), [("--steps", "5", 10), ("--warmup", "-1", 0), ("--world-sizes", "0", 1)]
+)
+def test_scaling_refuses_counts_that_leave_no_timed_window(flag, value, least, capsys):
+    with pytest.raises(SystemExit) as refused:
+        scaling.main([flag, value])
+    assert refused.value.code == 2
+    assert f"{flag} {value}: at least {least}" in capsys.readouterr().err
+
+
+def test_a_scaling_run_is_the_fast_recipe_on_its_world_size_with_its_hook_and_per_device_batch():
+    options = argparse.Namespace(gpu=False, per_device_batch=32, warmup=20, steps=100)
+    command = scaling.command(4, "powersgd", Path("/tmp/run"), Path("/data"), options)
+    assert command[1:3] == ["-m", "mnist_ddp.train"]
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[a for a in command[3:] if not a.startswith("hydra.")])
+    assert (cfg.trainer.devices, cfg.strategy.comm_hook, cfg.data.global_batch_size) == (4, "powersgd", 128)
+    assert cfg.trainer.limit_train_batches == 120 and cfg.trainer.log_every_n_steps == scaling.WINDOW
+    assert cfg.model.net.batch_norm, "the fast recipe's CNN"

@@ -44,7 +44,7 @@ def overrides(command: list[str]) -> list[str]:
 
 def test_plan_on_one_gpu_runs_each_step_on_it_and_skips_syncbatchnorm_saying_why(tmp_path):
     steps = make_plan(tmp_path, 1)
-    assert list(steps) == ["fast_gpu", "reference", "sync_batchnorm", "cuda_tests", "per_step"]
+    assert list(steps) == ["fast_gpu", "reference", "sync_batchnorm", "cuda_tests", "per_step", "scaling"]
     (fast,) = steps["fast_gpu"].commands
     assert fast[:3] == [sys.executable, "-m", "mnist_ddp.train"]
     assert {"experiment=fast_gpu", "strategy=ddp_nccl", "trainer.devices=1", "seed=1"} <= set(fast)
@@ -59,6 +59,9 @@ def test_plan_on_one_gpu_runs_each_step_on_it_and_skips_syncbatchnorm_saying_why
     (timing,) = steps["per_step"].commands
     assert timing[1:3] == ["-m", "benchmarks.per_step"] and "--gpu" in timing
     assert timing[timing.index("--nproc") + 1] == "1" and timing[timing.index("--repeats") + 1] == "1"
+    (scaling,) = steps["scaling"].commands
+    assert scaling[1:3] == ["-m", "benchmarks.scaling"] and "--gpu" in scaling
+    assert scaling[scaling.index("--world-sizes") + 1 : scaling.index("--steps")] == ["1"], "one GPU: world size 1"
     assert all(step.timeout_s <= 180 for step in steps.values()), "one hang cannot take the budget"
     assert gpu_check.BUDGET_S + 15 <= 8 * 60, "the steps and the script's own start-up fit in 8 minutes"
 
