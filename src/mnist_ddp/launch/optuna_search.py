@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from mnist_ddp.core.compat import optuna_search
+from mnist_ddp.launch.sweep_launcher import hold_sweep
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,12 @@ class ResumableOptunaSweeper(Sweeper):
     @override
     def sweep(self, arguments: list[str]) -> Any:
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        # One command at a time, across its trials' launches: a second one would ask trials of the same study.
+        with hold_sweep(sweep_dir):
+            return self._sweep(sweep_dir, arguments)
+
+    def _sweep(self, sweep_dir: Path, arguments: list[str]) -> Any:
         # Where the study's SQLite file goes, and the command's record that a continued search is checked against.
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / SWEEP_RECORD)
         search = optuna_search(self.optuna)
         study = saved_study(search.storage, search.study_name)

@@ -81,16 +81,25 @@ def move_aside(job_dir: Path) -> Path:
     return target
 
 
+#: The sweep directories this process holds (:func:`hold_sweep`).
+_held: set[Path] = set()
+
+
 @contextmanager
 def hold_sweep(sweep_dir: Path) -> Iterator[None]:
     """Hold ``sweep_dir`` for this command: another command running the same sweep meanwhile is
     refused. An advisory lock (``flock``) on the directory itself, so that it adds no file to the
-    sweep; the kernel releases it when this process ends, however it ends.
+    sweep; the kernel releases it when this process ends, however it ends. Held already by this
+    process (a search holds its sweep across the launches of its trials), it is held on.
 
     Raises:
         ConfigValueError: when another process holds it.
     """
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    key = sweep_dir.resolve()
+    if key in _held:  # a second flock of this process's own, on another descriptor, would refuse it
+        yield
+        return
     descriptor = os.open(sweep_dir, os.O_RDONLY)
     try:
         try:
@@ -100,8 +109,10 @@ def hold_sweep(sweep_dir: Path) -> Iterator[None]:
                 f"{sweep_dir} is in use by another command running this sweep: wait for it to end, or start this "
                 "one in another directory (hydra.sweep.dir=<new folder>)."
             ) from None
+        _held.add(key)
         yield
     finally:
+        _held.discard(key)
         os.close(descriptor)
 
 
