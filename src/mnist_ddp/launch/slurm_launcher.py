@@ -166,7 +166,7 @@ class SlurmSweepLauncher(SubmititSweep, SlurmLauncher):
         refuses to build its SLURM executor elsewhere)."""
         from submitit.slurm.slurm import _make_sbatch_string
 
-        executor = self.executor()
+        executor = self.executor()._executor  # AutoExecutor's SlurmExecutor, with sbatch's names of the keys
         parameters = {**executor.parameters, "map_count": job_count}
         return _make_sbatch_string(command=executor._submitit_command_str, folder=executor.folder, **parameters)
 
