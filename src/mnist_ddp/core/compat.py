@@ -2,7 +2,7 @@
 that touches them, so that an upgrade that changes one breaks here, and ``tests/core/test_compat.py``
 names it. No other module uses a private attribute of a library (that test scans ``src/`` for one).
 
-Known to work with torch 2.14.1, lightning 2.6.6, omegaconf 2.3.1 and tensorboard 2.21.0 (read
+Known to work with torch 2.14.1, lightning 2.6.6, omegaconf 2.3.1, tensorboard 2.21.0 and submitit 1.5.4 (read
 with ``pip show``; ``pyproject.toml`` points here). Each private API, and the public one missing:
 
 Lightning
@@ -38,6 +38,11 @@ torch
     - ``torch.utils.tensorboard.SummaryWriter._get_file_writer()`` (:func:`tensorboard_file_writer`):
       the writer's ``add_*`` methods build their own summaries, none takes a prebuilt one (TensorBoard's
       HPARAMS summaries); the public ``file_writer`` attribute is None once the writer is closed.
+
+submitit (``hydra/launcher=slurm``)
+    - ``AutoExecutor._executor``, ``SlurmExecutor._submitit_command_str`` and
+      ``submitit.slurm.slurm._make_sbatch_string`` (:func:`submitit_sbatch_script`): the batch script
+      an executor submits is written only as it submits (``sbatch``, on a cluster).
 
 OmegaConf
     - ``Node._metadata.ref_type`` (:func:`declared_type`): ``OmegaConf.get_type`` gives a value's
@@ -204,3 +209,17 @@ def declared_type(node: "DictConfig", key: str) -> type | Any | None:
     if key not in node:
         return None
     return node._get_node(key)._metadata.ref_type
+
+
+def submitit_sbatch_script(executor: Any, job_count: int) -> str:
+    """The batch script that submitit's SLURM ``executor`` (an ``AutoExecutor``) submits for a job
+    array of ``job_count`` jobs, without submitting it.
+
+    submitit's ``_make_sbatch_string``, with its SlurmExecutor's (``AutoExecutor._executor``) parameters
+    and command (``_submitit_command_str``), as ``SlurmExecutor._internal_process_submissions`` passes them.
+    """
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    slurm = executor._executor
+    parameters = {**slurm.parameters, "map_count": job_count}
+    return _make_sbatch_string(command=slurm._submitit_command_str, folder=slurm.folder, **parameters)

@@ -39,6 +39,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
 from omegaconf import DictConfig, OmegaConf, open_dict
 from typing_extensions import override
 
+from mnist_ddp.core.compat import submitit_sbatch_script
 from mnist_ddp.core.environment import SUBMITIT_EXECUTOR_ENV, launcher_rank
 from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.core.files import write_json
@@ -63,6 +64,9 @@ class SubmititSweep(BaseSubmititLauncher):
         ConfigValueError: at launch, for a ``tasks_per_node`` that is not a number
             (``trainer.devices=auto``: SLURM needs the count).
     """
+
+    #: submitit's executor: ``slurm`` or ``local`` (hydra-submitit-launcher's own name for it is private).
+    cluster = "slurm"
 
     def __init__(self, rerun_failed: bool = False, **params: Any) -> None:
         super().__init__(**params)
@@ -89,10 +93,10 @@ class SubmititSweep(BaseSubmititLauncher):
             params["gpus_per_node"] = params["tasks_per_node"]
         init = {"folder": params.pop("submitit_folder")}
         if "max_num_timeout" in params:
-            init[f"{self._EXECUTOR}_max_num_timeout"] = params.pop("max_num_timeout")
-        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
+            init[f"{self.cluster}_max_num_timeout"] = params.pop("max_num_timeout")
+        executor = submitit.AutoExecutor(cluster=self.cluster, **init)
         shared = set(OmegaConf.structured(BaseQueueConf).keys())
-        executor.update_parameters(**{key if key in shared else f"{self._EXECUTOR}_{key}": value
+        executor.update_parameters(**{key if key in shared else f"{self.cluster}_{key}": value
                                       for key, value in params.items()})  # fmt: skip
         return executor
 
@@ -128,10 +132,15 @@ class SubmititSweep(BaseSubmititLauncher):
         for job, submitted in zip(planned, jobs):
             try:
                 result = submitted.results()[0]  # global rank 0's
-                error = None if result.status is JobStatus.COMPLETED else f"{result._return_value!r}"
-                status = "failed"
-            except Exception as ended:  # submitit's UncompletedJobError, or the job's own exception
-                result, error, status = None, str(ended).strip().splitlines()[0], "stopped"
+            except Exception as ended:  # submitit's UncompletedJobError: no result
+                error, status = (str(ended).strip().splitlines() or [type(ended).__name__])[0], "stopped"
+            else:
+                error, status = None, "failed"
+                if result.status is not JobStatus.COMPLETED:
+                    try:
+                        result.return_value  # noqa: B018 (Hydra's JobReturn raises the job's exception)
+                    except Exception as raised:
+                        error = f"{type(raised).__name__}: {raised}"
             if error is not None:
                 log.warning(f"\t#{job.index} (submitit job {submitted.job_id}) ended without completing: {error}")
                 if not read_metrics(job.job_dir):
@@ -164,11 +173,7 @@ class SlurmSweepLauncher(SubmititSweep, SlurmLauncher):
         """The batch script that :meth:`launch` would submit for a sweep of ``job_count`` jobs
         (submitit's ``sbatch`` text; ``sbatch`` itself is not run). Needs ``srun`` on PATH (submitit
         refuses to build its SLURM executor elsewhere)."""
-        from submitit.slurm.slurm import _make_sbatch_string
-
-        executor = self.executor()._executor  # AutoExecutor's SlurmExecutor, with sbatch's names of the keys
-        parameters = {**executor.parameters, "map_count": job_count}
-        return _make_sbatch_string(command=executor._submitit_command_str, folder=executor.folder, **parameters)
+        return submitit_sbatch_script(self.executor(), job_count)
 
 
 def slurm_variables_of_local_task(environ: os._Environ | dict = os.environ) -> dict[str, str]:
@@ -200,6 +205,8 @@ def slurm_variables_of_local_task(environ: os._Environ | dict = os.environ) -> d
 class LocalSlurmSweepLauncher(SubmititSweep, LocalLauncher):
     """``hydra/launcher=slurm_local``: the SLURM sweep on this machine, by submitit's local executor
     (each job one local submitit job of ``tasks_per_node`` tasks; no requeue: SLURM is not there)."""
+
+    cluster = "local"
 
     @override
     def __call__(
