@@ -20,7 +20,9 @@ import torch
 from helpers import DETERMINISTIC, REPO, cli_command, cli_env, ranks_in_log, run_cli
 from hydra.utils import instantiate
 
+from mnist_ddp.config.command_line import check_command_line
 from mnist_ddp.config.compose import composed_jobs
+from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.launch.slurm_launcher import slurm_variables_of_local_task
 
 TINY = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "data.val_size=200",
@@ -197,3 +199,14 @@ def test_submitits_signal_saves_and_requeues_once_and_the_continued_sweep_resume
     rows = list(csv.DictReader((sweep / "summary.csv").open()))
     assert [(row["job"], row["status"]) for row in rows] == [("0", "completed"), ("1", "resumed")]
     assert rows[0]["test/acc"] == rows[1]["test/acc"]
+
+
+def test_the_check_before_launch_leaves_the_nodes_devices_to_the_cluster(tmp_path):
+    # The submitting machine (here: no GPU) runs none of the jobs: 2 nodes of 4 GPUs pass there.
+    gpus = ["-m", "trainer.accelerator=gpu", "trainer.devices=4", "trainer.num_nodes=2", f"paths.log_dir={tmp_path}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}", "data.data_dir=/nowhere/on/this/machine", "seed=1,2"]  # fmt: skip
+    check_command_line("config", ["hydra/launcher=slurm", *gpus])
+    with pytest.raises(ConfigValueError, match="trainer.num_nodes=2: a run on several machines needs a launcher"):
+        check_command_line("config", gpus)
+    with pytest.raises(ConfigValueError, match=r"trainer.devices=auto: hydra/launcher=slurm submits each job with"):
+        check_command_line("config", ["hydra/launcher=slurm", *gpus, "trainer.devices=auto"])
