@@ -248,3 +248,20 @@ class SignalTasks(L.Callback):
             self.first_run = False
             for pid in self.pid_file.read_text().split():
                 os.kill(int(pid), getattr(signal, self.signal))
+
+
+class SignalJobTasks(L.Callback):
+    """As SLURM's ``--signal`` (and submitit's local executor before its timeout) does: at
+    optimizer step ``step`` of global rank 0, sends ``signal`` to every task of this job, the
+    children of the process that started this one (submitit's job controller). Once: only while
+    ``marker`` does not exist (it is created), so that the job's resumed run trains on."""
+
+    def __init__(self, step: int, marker: str, signal: str = "SIGUSR2") -> None:
+        self.step, self.marker, self.signal = step, Path(marker), signal
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == 0 and trainer.global_step == self.step and not self.marker.exists():
+            self.marker.touch()
+            parent = os.getppid()
+            for pid in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+                os.kill(int(pid), getattr(signal, self.signal))

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
 from mnist_ddp.core.compat import skip_sigterm_broadcast
+from mnist_ddp.core.environment import submitit_preempt_signal
 from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.core.run_dir import resume_hint
 from mnist_ddp.distributed.checkpoint_io import LastCheckpoint, at_optimizer_step_boundary
@@ -193,10 +194,12 @@ class RequeueOnSlurmSignal(L.Callback):
     checkpoint (:func:`mnist_ddp.run.trainer.checkpoint_to_resume`).
 
     Active under SLURM when the cluster environment's ``auto_requeue`` is on (Lightning's default;
-    its ``requeue_signal``, default SIGUSR1, is the signal). It then costs one broadcast of a bool
-    per optimizer step; elsewhere nothing. A signal during validation is acted on at the next
-    training step; one after the last training step changes nothing (the job ends by itself). The
-    handler, once installed, stays for the process's life: SIGUSR1's default action ends a process.
+    its ``requeue_signal``, default SIGUSR1, is the signal; under submitit, ``hydra/launcher=slurm``,
+    submitit's signal, SIGUSR2 by default: :func:`mnist_ddp.core.environment.submitit_preempt_signal`).
+    It then costs one broadcast of a bool per optimizer step; elsewhere nothing. A signal during
+    validation is acted on at the next training step; one after the last training step changes
+    nothing (the job ends by itself). The handler, once installed, stays for the process's life:
+    SIGUSR1's default action ends a process.
 
     Raises:
         ConfigValueError: at setup when active and the run has no
@@ -216,6 +219,15 @@ class RequeueOnSlurmSignal(L.Callback):
                     "callbacks.requeue_on_slurm_signal saves last.ckpt on SLURM's requeue signal, and the run has "
                     "no callbacks.last_checkpoint: put it back, or also remove callbacks.requeue_on_slurm_signal."
                 )
+            # Under submitit (hydra/launcher=slurm) SLURM sends submitit's signal (SIGUSR2), not
+            # SIGUSR1. submitit put its own handler on it before the job's function ran (save its
+            # submission, `scontrol requeue`, exit); this one replaces it, so that the job saves
+            # last.ckpt at a step boundary and requeues once, by the `scontrol requeue` below.
+            # The requeued job runs the same submission, in the same job directory, and resumes
+            # from last.ckpt (SLURM_RESTART_COUNT: mnist_ddp.run.trainer.checkpoint_to_resume).
+            # Lightning is told the same signal, so that it leaves it to this handler too.
+            if (preempt := submitit_preempt_signal()) is not None:
+                environment.requeue_signal = preempt
             # Before Lightning registers its own handlers (after the setup hooks): it leaves a
             # signal that already has a handler alone.
             self.signal = signal.Signals(environment.requeue_signal)

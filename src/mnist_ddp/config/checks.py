@@ -78,12 +78,17 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
     data_sets: list[tuple[dict, L.LightningDataModule]] = []  # each data set once: its resolved node, its DataModule
     # Before _output_dir drops the hydra node.
     sweeper = OmegaConf.to_container(jobs[0].cfg.hydra.sweeper, resolve=False)
+    # hydra/launcher=slurm: the jobs run on the cluster's nodes, where SLURM starts their processes.
+    submitted = jobs[0].multirun and jobs[0].cfg.hydra.launcher.get("_target_") == SLURM_LAUNCHER
     for job in jobs:
         output_dir = _output_dir(job)
         cfg = job.cfg
         if not training:  # the checkpoint's run's model and data set, as the entry point applies them
             apply_run_settings(cfg, job.overrides, config_name)
-        datamodule = check_export_job(cfg) if config_name == "export" else check_job(cfg, training=training)
+        if config_name == "export":
+            datamodule = check_export_job(cfg)
+        else:
+            datamodule = check_job(cfg, training=training, submitted=submitted)
         model = check_model(cfg, cfg.model, datamodule, config_name)
         if cfg.get("ckpt_path") not in (None, "last"):  # "last": Lightning finds the run's own
             check_checkpoint(cfg.ckpt_path, model)
@@ -92,7 +97,7 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
             check_inputs(Path(cfg.input), world_size, model.data_spec, cfg.resize)
         elif (data := OmegaConf.to_container(cfg.data, resolve=True)) not in [node for node, _ in data_sets]:
             data_sets.append((data, datamodule))  # the one built (and described) in its job: not scanned again
-    if not launched_externally() and config_name != "export":  # an export forms no process group
+    if not launched_externally() and not submitted and config_name != "export":  # an export forms no process group
         check_rendezvous_address()
     resume = cfg.get("ckpt_path") == "last"
     if job.multirun:
@@ -101,7 +106,8 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
         if resume:
             check_resume_in_place(output_dir)
         check_output_dir(output_dir, resume)
-    if not launched_externally():  # under torchrun or SLURM, Lightning prepares the data on each node
+    # Under torchrun or SLURM (also for the jobs a SLURM sweep submits) Lightning prepares the data on each node.
+    if not launched_externally() and not submitted:
         for _, datamodule in data_sets:
             check_data(datamodule, training=training)
 
@@ -273,6 +279,8 @@ BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 SEARCH_SWEEPER = "hydra_plugins.mnist_ddp_sweeper.ResumableOptunaSweeper"
 #: The settings of a search that a continued search may change: how many trials in all, and at once.
 SEARCH_EXTENT = ("n_trials", "n_jobs")
+#: The launcher that submits a sweep's jobs to SLURM (hydra/launcher=slurm): they run on other machines.
+SLURM_LAUNCHER = "hydra_plugins.mnist_ddp_slurm_launcher.SlurmSweepLauncher"
 
 
 def check_sweep_dir(sweep_dir: Path, overrides: Sequence[str], resume: bool, sweeper: dict) -> None:
@@ -387,10 +395,12 @@ def check_data(datamodule: L.LightningDataModule, training: bool) -> None:
         datamodule.check_val_size()
 
 
-def check_job(cfg: DictConfig, training: bool = True) -> L.LightningDataModule:
+def check_job(cfg: DictConfig, training: bool = True, submitted: bool = False) -> L.LightningDataModule:
     """Build the cheap parts of one job (its model: :func:`check_model`) and check its layout (for
     ``training``, also that the global batch splits evenly over the processes: evaluation takes no
-    optimizer step).
+    optimizer step). A job ``submitted`` to a SLURM cluster (``hydra/launcher=slurm``; default False)
+    runs on other machines: their devices are not this machine's (its GPUs are not counted, several
+    nodes are allowed), and its process count is ``trainer.devices`` per node.
 
     Returns:
         The DataModule it built, for the model's check.
@@ -403,13 +413,21 @@ def check_job(cfg: DictConfig, training: bool = True) -> L.LightningDataModule:
     cuda = uses_cuda(accelerator)
     if cfg.trainer.num_nodes < 1:
         raise ConfigValueError(f"trainer.num_nodes={cfg.trainer.num_nodes} must be at least 1.")
-    if cfg.trainer.num_nodes > 1 and not launched_externally():
+    if cfg.trainer.num_nodes > 1 and not launched_externally() and not submitted:
         raise ConfigValueError(
             f"trainer.num_nodes={cfg.trainer.num_nodes}: a run on several machines needs a launcher on each, "
             "torchrun or SLURM (README: Scaling out). On one machine, leave trainer.num_nodes=1."
         )
-    devices_per_node = processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices)
-    check_launch_environment(cfg.trainer.num_nodes, devices_per_node)
+    if submitted:
+        if not isinstance(cfg.trainer.devices, int) or cfg.trainer.devices < 1:
+            raise ConfigValueError(
+                f"trainer.devices={cfg.trainer.devices}: hydra/launcher=slurm submits each job with trainer.devices "
+                "tasks per node, a number: set trainer.devices=<GPUs per node> (or processes per CPU node)."
+            )
+        devices_per_node = cfg.trainer.devices
+    else:
+        devices_per_node = processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices)
+        check_launch_environment(cfg.trainer.num_nodes, devices_per_node)
     world_size = cfg.trainer.num_nodes * devices_per_node
     if training:
         per_device_batch_size(cfg.data.global_batch_size, world_size, cfg.trainer.accumulate_grad_batches)

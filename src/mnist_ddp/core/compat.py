@@ -3,9 +3,9 @@ relies on: the one module that touches them, so that an upgrade that changes one
 ``tests/core/test_compat.py`` names it. No other module uses a private attribute of a library (that
 test scans ``src/`` for one).
 
-Known to work with torch 2.14.1, lightning 2.6.6, omegaconf 2.3.1, tensorboard 2.21.0 and
-hydra-optuna-sweeper 1.3.0 (read with ``pip show``; ``pyproject.toml`` points here). Each private
-API, and the public one missing:
+Known to work with torch 2.14.1, lightning 2.6.6, omegaconf 2.3.1, tensorboard 2.21.0,
+hydra-optuna-sweeper 1.3.0 and submitit 1.5.4 (read with ``pip show``; ``pyproject.toml`` points
+here). Each private API, and the public one missing:
 
 Lightning
     - ``_TrainingEpochLoop._broadcast_sigterm_tensor`` (replaced on the instance,
@@ -47,6 +47,11 @@ hydra-optuna-sweeper
     - ``OptunaSweeper.sweeper`` and its ``storage``, ``study_name``, ``sampler``, ``launcher``,
       ``job_idx`` and ``n_trials`` (:func:`optuna_search`): the plugin has no setting to start a
       search at a job number other than 0, nor to ask fewer trials than ``n_trials`` (a continued search's).
+
+submitit (``hydra/launcher=slurm``)
+    - ``AutoExecutor._executor``, ``SlurmExecutor._submitit_command_str`` and
+      ``submitit.slurm.slurm._make_sbatch_string`` (:func:`submitit_sbatch_script`): the batch script
+      an executor submits is written only as it submits (``sbatch``, on a cluster).
 
 OmegaConf
     - ``Node._metadata.ref_type`` (:func:`declared_type`): ``OmegaConf.get_type`` gives a value's
@@ -239,3 +244,17 @@ def declared_type(node: "DictConfig", key: str) -> type | Any | None:
     if key not in node:
         return None
     return node._get_node(key)._metadata.ref_type
+
+
+def submitit_sbatch_script(executor: Any, job_count: int) -> str:
+    """The batch script that submitit's SLURM ``executor`` (an ``AutoExecutor``) submits for a job
+    array of ``job_count`` jobs, without submitting it.
+
+    submitit's ``_make_sbatch_string``, with its SlurmExecutor's (``AutoExecutor._executor``) parameters
+    and command (``_submitit_command_str``), as ``SlurmExecutor._internal_process_submissions`` passes them.
+    """
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    slurm = executor._executor
+    parameters = {**slurm.parameters, "map_count": job_count}
+    return _make_sbatch_string(command=slurm._submitit_command_str, folder=slurm.folder, **parameters)

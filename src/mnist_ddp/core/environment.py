@@ -8,6 +8,7 @@ imported inside the functions: the command line is checked before it, with Hydra
 """
 
 import os
+import signal
 from datetime import datetime
 from typing import Any
 
@@ -59,3 +60,19 @@ def run_stamp() -> str:
     if environment.__name__ == "TorchElasticEnvironment":
         return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
     return f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
+
+
+#: Set by submitit in every task it starts (``slurm``, or ``local`` for its local executor).
+SUBMITIT_EXECUTOR_ENV = "SUBMITIT_EXECUTOR"
+
+
+def submitit_preempt_signal() -> signal.Signals | None:
+    """The signal submitit asks SLURM to send before a preemption or time limit (``#SBATCH
+    --signal=USR2@<delay>``; ``SUBMITIT_PREEMPT_SIGNAL`` changes it), when submitit started this
+    process (``hydra/launcher=slurm``); None otherwise. The template's requeue then acts on it
+    instead of SLURM's usual SIGUSR1 (:class:`mnist_ddp.callbacks.signals.RequeueOnSlurmSignal`)."""
+    if SUBMITIT_EXECUTOR_ENV not in os.environ:
+        return None
+    from submitit import JobEnvironment  # installed: it started this process
+
+    return signal.Signals[f"SIG{JobEnvironment.USR_SIG}"]

@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
@@ -169,26 +169,7 @@ class ResumableLauncher(Launcher):
         log.info(f"Launching {len(job_overrides)} jobs locally")
         # The jobs' processes (and, in parallel, their own commands) name the sweep in their resume hints.
         os.environ[SWEEP_DIR_ENV] = str(self.config.hydra.sweep.dir)
-        runs, planned = {}, []
-        for index, overrides in enumerate(job_overrides, start=initial_job_idx):
-            overrides = list(overrides)
-            config = self.job_config(overrides, index)
-            job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
-            plan = plan_job(job_dir, self.rerun_failed)
-            log.info(f"\t#{index} : {' '.join(filter_overrides(overrides))}")
-            if plan is JobPlan.KEEP:
-                again = " (hydra.launcher.rerun_failed=true runs it again)" if run_status(job_dir) == "failed" else ""
-                log.info(f"\t#{index} {run_status(job_dir)} in an earlier run of this sweep ({job_dir}): kept{again}")
-                # Its objective again, for a sweeper that asks (Optuna's, telling a trial left in flight).
-                runs[index] = job_return(PlannedJob(index, overrides, config, job_dir))
-                continue
-            if plan is JobPlan.RESUME:
-                log.info(f"\t#{index} resumes in place from {job_dir / LAST_CHECKPOINT}")
-                overrides = [*overrides, RESUMED]
-                config = self.job_config(overrides, index)
-            elif plan is JobPlan.RESTART:
-                log.info(f"\t#{index} stopped before its first checkpoint: starts again ({move_aside(job_dir)} kept)")
-            planned.append(PlannedJob(index, overrides, config, job_dir))
+        runs, planned = plan_jobs(job_overrides, initial_job_idx, self.job_config, self.rerun_failed)
         parallel = parallel_jobs(planned, self.n_jobs)
         if parallel is not None:
             parallel.run()
@@ -203,6 +184,45 @@ class ResumableLauncher(Launcher):
             )
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return [runs[index] for index in sorted(runs)]
+
+
+def plan_jobs(
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+    job_config: Callable[[list[str], int], DictConfig],
+    rerun_failed: bool,
+) -> tuple[dict[int, JobReturn], list[PlannedJob]]:
+    """The plan of each job of a sweep (:func:`plan_job`; see the module's docstring), for a launcher
+    that continues sweeps: the ``JobReturn`` of each job kept, by job number, and the jobs to run
+    (a resumed one with ``ckpt_path=last`` added, a restarted one with its outputs moved aside first).
+
+    Args:
+        job_overrides: each job's overrides, as Hydra's sweeper gives them to a launcher.
+        initial_job_idx: the number of the first job.
+        job_config: the composed config of a job, from its overrides and number.
+        rerun_failed: run the failed jobs again (see :class:`ResumableLauncher`).
+    """
+    runs, planned = {}, []
+    for index, overrides in enumerate(job_overrides, start=initial_job_idx):
+        overrides = list(overrides)
+        config = job_config(overrides, index)
+        job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
+        plan = plan_job(job_dir, rerun_failed)
+        log.info(f"\t#{index} : {' '.join(filter_overrides(overrides))}")
+        if plan is JobPlan.KEEP:
+            again = " (hydra.launcher.rerun_failed=true runs it again)" if run_status(job_dir) == "failed" else ""
+            log.info(f"\t#{index} {run_status(job_dir)} in an earlier run of this sweep ({job_dir}): kept{again}")
+            # Its objective again, for a sweeper that asks (Optuna's, telling a trial left in flight).
+            runs[index] = job_return(PlannedJob(index, overrides, config, job_dir))
+            continue
+        if plan is JobPlan.RESUME:
+            log.info(f"\t#{index} resumes in place from {job_dir / LAST_CHECKPOINT}")
+            overrides = [*overrides, RESUMED]
+            config = job_config(overrides, index)
+        elif plan is JobPlan.RESTART:
+            log.info(f"\t#{index} stopped before its first checkpoint: starts again ({move_aside(job_dir)} kept)")
+        planned.append(PlannedJob(index, overrides, config, job_dir))
+    return runs, planned
 
 
 def parallel_jobs(planned: Sequence[PlannedJob], n_jobs: int | None) -> ParallelJobs | None:
