@@ -164,3 +164,29 @@ def test_on_a_gpu_the_rest_is_cudas_allocated_bytes_less_the_tensors(monkeypatch
     assert (peak["cuda_allocated"], peak["cuda_reserved"], peak["other"]) == (3 * 2**20, 8 * 2**20, 3 * 2**20 - tensors)
     assert logged[0] == (0, {f"memory/rank_0/{key}_mib": value / 2**20 for key, value in first.items()})
     assert json.loads((tmp_path / "ddp.json").read_text())[memory.JSON_KEY] == callback.snapshots
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_real_gpu_the_tensors_are_counted_exactly_and_the_rest_is_what_cuda_holds_besides(tmp_path):
+    device = torch.device("cuda", torch.cuda.current_device())
+    module = SimulatedGPUModule().to(device)
+    module.device = device
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+    module.layer(torch.randn(4, IN, device=device)).sum().backward()
+    optimizer.step()
+    trainer = SimpleNamespace(global_step=0, world_size=1, is_global_zero=True, loggers=[], optimizers=[optimizer],
+                              strategy=SimpleNamespace(model=module, root_device=device))  # fmt: skip
+    callback = MemoryFootprint(str(tmp_path / "ddp.json"))
+    callback.on_train_start(trainer, module)
+    trainer.global_step = 1
+    callback.on_train_batch_end(trainer, module, None, None, 0)
+    callback.on_train_end(trainer, module)
+    first, peak = (callback.snapshots[name]["ranks"][0] for name in ("first_step", "peak"))
+    for snapshot in (first, peak):
+        assert {key: snapshot[key] for key in ("parameters", "gradients", "ddp_buckets", "optimizer_state")} == {
+            "parameters": LINEAR_BYTES, "gradients": LINEAR_BYTES, "ddp_buckets": 0, "optimizer_state": LINEAR_BYTES
+        }  # fmt: skip
+    # CUDA's blocks are the tensors' bytes rounded up to 512 and more: what it holds besides is >= 0.
+    assert first["other"] == first["cuda_allocated"] - 3 * LINEAR_BYTES >= 0
+    assert peak["cuda_allocated"] >= first["cuda_allocated"] and peak["cuda_reserved"] >= peak["cuda_allocated"]

@@ -10,7 +10,9 @@ Bytes are counted per storage, each once: a gradient that is a view into a DDP b
 (``gradient_as_bucket_view=true``) counts as that bucket, once; two optimizer-state entries on one
 storage count once. A storage's bytes are ``untyped_storage().nbytes()``, what its allocator was
 asked for (the CUDA caching allocator rounds each block up to a multiple of 512 bytes, so
-``torch.cuda.memory_allocated`` may be slightly larger).
+``torch.cuda.memory_allocated`` may be slightly larger). Tensors count wherever they live: Adam's
+per-tensor step counts (4 bytes each) stay on the CPU on a GPU run unless it is ``capturable``
+or ``fused``.
 """
 
 from collections.abc import Iterable, Iterator
