@@ -12,6 +12,7 @@ optimizer state of its share of the parameters only.
 """
 
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -26,7 +27,7 @@ from typing_extensions import override
 from mnist_ddp.core.compat import ddp_kwargs, release_consolidated_state
 from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.distributed.options import CommHook
-from mnist_ddp.distributed.zero import shard_optimizer
+from mnist_ddp.distributed.zero import drop_duplicate_state, shard_optimizer
 
 #: Backends on which every hook below has been run by this project's tests (gloo) or is
 #: documented by torch (nccl). Other backends are refused when a hook is configured.
@@ -105,6 +106,13 @@ class CommHookDDPStrategy(DDPStrategy):
         super().setup_optimizers(trainer)
         if self.optimizer_sharding:
             self.optimizers = [shard_optimizer(optimizer, self.lr_scheduler_configs) for optimizer in self.optimizers]
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        super().load_optimizer_state_dict(checkpoint)
+        for optimizer in self.optimizers:
+            if isinstance(optimizer, ZeroRedundancyOptimizer):
+                drop_duplicate_state(optimizer)
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:

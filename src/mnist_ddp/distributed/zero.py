@@ -65,3 +65,16 @@ def shard_optimizer(
     for config in mine:
         retarget_lr_scheduler(config.scheduler, sharded)
     return sharded
+
+
+def drop_duplicate_state(optimizer: ZeroRedundancyOptimizer) -> None:
+    """After ``optimizer.load_state_dict``: drop the copy of this rank's entries that the wrapper's
+    own ``state`` took, keeping the local optimizer's (``optimizer.optim.state``), which steps.
+
+    torch's ``ZeroRedundancyOptimizer.load_state_dict`` copies this rank's entries to the
+    parameters' device for its local optimizer, then calls ``Optimizer.load_state_dict``, which
+    casts them to that device again for the wrapper: on a GPU, a second copy of the shard (on the
+    CPU both alias the loaded tensors). The wrapper's entries are not used by ``step``, and
+    ``state_dict`` takes every entry from the consolidated local states, so nothing is lost.
+    """
+    optimizer.state.clear()
