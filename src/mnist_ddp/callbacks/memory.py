@@ -79,7 +79,8 @@ class MemoryFootprint(L.Callback):
     Written by global rank 0:
 
     - TensorBoard: ``memory/rank_{r}/{figure}_mib``, one tag per rank and figure, at the first
-      step's index (the ``first_step`` snapshot) and at the last step's (``peak``).
+      step's index (the ``first_step`` snapshot) and at the last step's (``peak``). A resumed fit
+      logs its peak only: the run's first step was logged before, by the attempt that took it.
     - ``path`` (``ddp.json``), at the end of training, under the top-level key ``"memory"`` (the
       file's other keys are kept): ``{"first_step": {"step": <global step>, "ranks": [{figure: bytes}, ...]},
       "peak": {...}}``, ``ranks[r]`` from global rank ``r``.
@@ -100,6 +101,7 @@ class MemoryFootprint(L.Callback):
         self.snapshots = {}
         self._start_step = trainer.global_step
         self._cuda_peaks = (0, 0)
+        self._local_first_step = {}
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
@@ -157,7 +159,11 @@ class MemoryFootprint(L.Callback):
         gathered = pl_module.all_gather(local).reshape(trainer.world_size, len(FIGURES)).tolist()
         ranks = [{key: int(value) for key, value in zip(FIGURES, row) if not math.isnan(value)} for row in gathered]
         self.snapshots[name] = {"step": trainer.global_step, "ranks": ranks}
-        if trainer.is_global_zero:
+        # A resumed fit's first step is not the run's: the run's own was logged by its first
+        # attempt, and TensorBoard and CSV keep that point (they purge only those after the
+        # checkpoint), so a resumed run shows the points of an uninterrupted one.
+        resumed = (self._start_step or 0) > 0
+        if trainer.is_global_zero and not (name == "first_step" and resumed):
             metrics = {
                 f"memory/rank_{rank}/{key}_mib": value / 2**20
                 for rank, row in enumerate(ranks)
