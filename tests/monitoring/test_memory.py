@@ -113,7 +113,10 @@ def test_the_callback_logs_and_merges_the_exact_figures_of_a_fit(process_group, 
     assert {key: first[key] for key in tensors} == tensors == {key: peak[key] for key in tensors}
     # No GPU: the process's resident memory beside them (now, and its peak), no CUDA figures.
     assert set(first) == set(peak) == {*tensors, "host_rss"}
-    assert 0 < first["host_rss"] <= peak["host_rss"] <= host_resident_bytes(peak=True)
+    # Linux keeps per-thread RSS counters that it folds in lazily: VmRSS and VmHWM are right to a
+    # few pages (a later VmHWM was measured 4 KiB below an earlier one), not to the byte.
+    assert 0 < first["host_rss"] <= peak["host_rss"] + 2**20
+    assert peak["host_rss"] <= host_resident_bytes(peak=True) + 2**20
     scalars = read_scalars(tmp_path / "tb", steps=True)
     for key in tensors:
         assert scalars[f"memory/rank_0/{key}_mib"] == [(0, LINEAR_BYTES / 2**20), (STEPS - 1, LINEAR_BYTES / 2**20)]
