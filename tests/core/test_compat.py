@@ -15,6 +15,7 @@ import re
 import socket
 import sys
 import textwrap
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -31,6 +32,7 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.tensorboard import SummaryWriter
@@ -361,6 +363,46 @@ def test_the_process_group_timeout_is_read_back(process_group):
     assert compat.process_group_timeout(torch.device("cpu")) == TIMEOUT, changed(
         "Backend.Options._timeout", "not the timeout the process group was built with"
     )
+
+
+def test_a_scheduler_moved_onto_another_optimizer_schedules_it_without_torchs_warnings():
+    private = "LRScheduler's _wrapped_by_lr_sched / _opt_called step tracking"
+    layer = nn.Linear(4, 2)
+    first = torch.optim.SGD(layer.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(first, max_lr=0.1, total_steps=10)
+    second = torch.optim.SGD([dict(group) for group in first.param_groups], lr=0.1)
+    compat.retarget_lr_scheduler(scheduler, second)
+    with warnings.catch_warnings():
+        # torch warns when the scheduler's optimizer.step lacks its mark, or was not called first.
+        warnings.simplefilter("error")
+        for _ in range(3):
+            layer(torch.ones(1, 4)).sum().backward()
+            second.step()
+            scheduler.step()
+    reference = torch.optim.lr_scheduler.OneCycleLR(
+        torch.optim.SGD(nn.Linear(4, 2).parameters(), lr=0.1), max_lr=0.1, total_steps=10
+    )
+    for _ in range(3):
+        reference.optimizer.step()
+        reference.step()
+    assert second.param_groups[0]["lr"] == reference.get_last_lr()[0] != first.param_groups[0]["lr"], changed(
+        private, "the moved scheduler does not set the new optimizer's rate"
+    )
+
+
+def test_the_consolidated_zero_state_is_what_release_frees(process_group):
+    private = "ZeroRedundancyOptimizer._all_state_dicts"
+    layer = nn.Linear(4, 2)
+    optimizer = ZeroRedundancyOptimizer(layer.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+    layer(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    optimizer.consolidate_state_dict(to=0)
+    assert len(optimizer.state_dict()["state"]) == 2
+    compat.release_consolidated_state(optimizer)
+    # torch refuses a state_dict() without a consolidated state: the copy was the one it had.
+    with pytest.raises(RuntimeError, match="has not been consolidated"):
+        optimizer.state_dict()
+    assert len(optimizer.optim.state) == 2, changed(private, "releasing it dropped the rank's own state")
 
 
 def test_a_summary_written_through_the_tensorboard_file_writer_is_read_back(tmp_path):

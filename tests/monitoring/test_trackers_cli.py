@@ -105,7 +105,12 @@ def test_scalars_served_hold_the_run_metrics_throughput_and_epoch_times(board):
     assert run == f"runs/{run_dir.name}/tensorboard", "one TensorBoard run per job, named by its run directory"
     tags = set(server.get_json("data/plugin/scalars/tags")[run])
     assert SCALARS <= tags, SCALARS - tags
-    assert not any(tag.startswith("memory/") for tag in tags), "peak memory is a GPU figure; this run is on CPU"
+    # On the CPU: each rank's tensor figures and resident memory; the GPU's figures (peak_mib, cuda_*,
+    # other) are absent.
+    figures = ("parameters", "gradients", "ddp_buckets", "optimizer_state", "host_rss")
+    assert {tag for tag in tags if tag.startswith("memory/")} == {
+        f"memory/rank_{rank}/{figure}_mib" for rank in (0, 1) for figure in figures
+    }
 
     (test_acc,) = scalar_points(server, run, "test/acc")
     assert test_acc[1] == pytest.approx(metrics["test/acc"], abs=1e-7)

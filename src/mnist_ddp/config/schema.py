@@ -202,6 +202,7 @@ class StrategyConfig:
     comm_hook: CommHook = MISSING
     powersgd_rank: int = MISSING
     powersgd_start_iter: int = MISSING
+    optimizer_sharding: bool = MISSING
     checkpoint_io: Any = MISSING
 
 

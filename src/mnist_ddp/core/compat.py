@@ -42,6 +42,13 @@ torch
     - ``torch.utils.tensorboard.SummaryWriter._get_file_writer()`` (:func:`tensorboard_file_writer`):
       the writer's ``add_*`` methods build their own summaries, none takes a prebuilt one (TensorBoard's
       HPARAMS summaries); the public ``file_writer`` attribute is None once the writer is closed.
+    - ``LRScheduler``'s tracking of ``optimizer.step`` (the ``_wrapped_by_lr_sched`` mark on the wrapped
+      ``step`` and the optimizer's ``_opt_called`` flag; :func:`retarget_lr_scheduler`): a scheduler
+      is bound to its optimizer when built, with no public way to move it onto another (the ZeRO-1
+      optimizer that replaces the configured one) without torch warning on its first step.
+    - ``ZeroRedundancyOptimizer._all_state_dicts`` (:func:`release_consolidated_state`): the
+      consolidated copy of every rank's state that ``consolidate_state_dict`` leaves on rank 0, with
+      no public way to free it once the checkpoint holding it is written.
 
 hydra-optuna-sweeper
     - ``OptunaSweeper.sweeper`` and its ``storage``, ``study_name``, ``sampler``, ``launcher``,
@@ -75,6 +82,7 @@ if TYPE_CHECKING:
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.strategies import DDPStrategy
     from omegaconf import DictConfig
+    from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.tensorboard import SummaryWriter
     from torch.utils.tensorboard.writer import FileWriter
@@ -258,3 +266,39 @@ def submitit_sbatch_script(executor: Any, job_count: int) -> str:
     slurm = executor._executor
     parameters = {**slurm.parameters, "map_count": job_count}
     return _make_sbatch_string(command=slurm._submitit_command_str, folder=slurm.folder, **parameters)
+
+
+def retarget_lr_scheduler(
+    scheduler: "torch.optim.lr_scheduler.LRScheduler", optimizer: "torch.optim.Optimizer"
+) -> None:
+    """Move ``scheduler`` onto ``optimizer``, which has the same parameter groups as the one it was
+    built for: it then sets the learning rate in ``optimizer``'s groups, and sees its steps.
+
+    torch's ``LRScheduler.__init__`` wraps its optimizer's ``step`` to mark that it was called (the
+    optimizer's ``_opt_called``, the wrapper's ``_wrapped_by_lr_sched``), and warns on its first
+    ``step()`` when the mark is missing. This wraps ``optimizer.step`` (on the instance) the same way.
+    """
+    import functools
+
+    scheduler.optimizer = optimizer
+    step = optimizer.step
+    if hasattr(step, "_wrapped_by_lr_sched"):
+        return
+
+    @functools.wraps(step)
+    def tracked_step(*args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True
+        return step(*args, **kwargs)
+
+    tracked_step._wrapped_by_lr_sched = True
+    optimizer.step = tracked_step
+
+
+def release_consolidated_state(optimizer: "ZeroRedundancyOptimizer") -> None:
+    """Free the copy of every rank's optimizer state that ``consolidate_state_dict`` gathered on
+    this rank (the target rank only holds one), once the checkpoint made of it is written; the next
+    checkpoint consolidates afresh.
+
+    torch's ``ZeroRedundancyOptimizer._all_state_dicts`` (a list, empty on the other ranks).
+    """
+    optimizer._all_state_dicts = []

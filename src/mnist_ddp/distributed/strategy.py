@@ -5,21 +5,29 @@ compression halves the bytes sent, PowerSGD sends a low-rank approximation (Voge
 https://arxiv.org/abs/1905.13727). Lightning's ``DDPStrategy`` registers ``ddp_comm_hook`` only
 when the root device is CUDA, so on CPU (gloo) a configured hook would silently not run; this
 strategy registers it itself, on CUDA and CPU alike.
+
+With ``optimizer_sharding`` the configured optimizer is replaced by torch's
+``ZeroRedundancyOptimizer`` (ZeRO-1, :mod:`mnist_ddp.distributed.zero`): each rank keeps the
+optimizer state of its share of the parameters only.
 """
 
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
+import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from mnist_ddp.core.compat import ddp_kwargs
+from mnist_ddp.core.compat import ddp_kwargs, release_consolidated_state
 from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.distributed.options import CommHook
+from mnist_ddp.distributed.zero import drop_duplicate_state, shard_optimizer
 
 #: Backends on which every hook below has been run by this project's tests (gloo) or is
 #: documented by torch (nccl). Other backends are refused when a hook is configured.
@@ -37,6 +45,11 @@ class CommHookDDPStrategy(DDPStrategy):
             approximation; higher is more exact and sends more.
         powersgd_start_iter: PowerSGD ``start_powerSGD_iter`` (default 10): iterations of plain
             AllReduce before compression starts; at least 2 (torch's rule, with error feedback).
+        optimizer_sharding: ZeRO-1 (default False): each configured optimizer is rebuilt as torch's
+            ``ZeroRedundancyOptimizer`` (:func:`~mnist_ddp.distributed.zero.shard_optimizer`), its
+            learning-rate schedulers moved onto it. Checkpoints hold the whole optimizer state,
+            consolidated on rank 0 (Lightning's ``Strategy.optimizer_state``), and load on any
+            world size (each rank takes its new share).
         **kwargs: passed on to ``DDPStrategy``: its own options (``process_group_backend``,
             ``timeout``, ``start_method``) and ``DistributedDataParallel``'s
             (``find_unused_parameters``, ``static_graph``, ``gradient_as_bucket_view``,
@@ -49,7 +62,12 @@ class CommHookDDPStrategy(DDPStrategy):
     """
 
     def __init__(
-        self, comm_hook: str = "none", powersgd_rank: int = 1, powersgd_start_iter: int = 10, **kwargs: Any
+        self,
+        comm_hook: str = "none",
+        powersgd_rank: int = 1,
+        powersgd_start_iter: int = 10,
+        optimizer_sharding: bool = False,
+        **kwargs: Any,
     ) -> None:
         # torch 2.13 renamed DDP's broadcast_buffers (sync buffers before each forward) to
         # forward_sync_buffers and warns on the old name; the config keeps the name every torch knows.
@@ -79,6 +97,31 @@ class CommHookDDPStrategy(DDPStrategy):
             )
         self.powersgd_rank = powersgd_rank
         self.powersgd_start_iter = powersgd_start_iter
+        self.optimizer_sharding = optimizer_sharding
+
+    @override
+    def setup_optimizers(self, trainer: L.Trainer) -> None:
+        # DDPStrategy.setup calls this once the model is wrapped and the process group exists, and
+        # before a checkpoint's optimizer state is loaded: the sharded optimizer gets that state.
+        super().setup_optimizers(trainer)
+        if self.optimizer_sharding:
+            self.optimizers = [shard_optimizer(optimizer, self.lr_scheduler_configs) for optimizer in self.optimizers]
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        super().load_optimizer_state_dict(checkpoint)
+        for optimizer in self.optimizers:
+            if isinstance(optimizer, ZeroRedundancyOptimizer):
+                drop_duplicate_state(optimizer)
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+        # Writing the checkpoint consolidated every rank's optimizer state on rank 0: a whole
+        # unsharded copy, which torch keeps until the next one. Written, it is freed.
+        for optimizer in self.optimizers:
+            if isinstance(optimizer, ZeroRedundancyOptimizer):
+                release_consolidated_state(optimizer)
 
     # _setup_model and _register_ddp_hooks are private hooks of DDPStrategy, listed in
     # mnist_ddp.core.compat.PRIVATE_HOOKS (whose test checks that Lightning still calls them so).
