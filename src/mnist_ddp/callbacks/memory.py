@@ -1,7 +1,6 @@
 """Memory per device: where each replica's memory goes (parameters, gradients, optimizer state,
 the rest), at the end of its first optimizer step and at the peak of the fit."""
 
-import json
 import math
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from mnist_ddp.core.files import write_json
+from mnist_ddp.core.files import update_json
 from mnist_ddp.distributed.footprint import tensor_footprint
 
 #: The figures of one snapshot, in the order every rank gathers them (bytes; NaN where absent).
@@ -41,14 +40,6 @@ def host_resident_bytes(peak: bool = False) -> int | None:
         if line.startswith(field):
             return int(line.split()[1]) * 1024
     return None
-
-
-def merge_into_json(path: Path, key: str, value: object) -> None:
-    """Set top-level ``key`` of the JSON object in ``path`` to ``value``, keeping its other keys
-    (the file is created if absent, and replaced atomically: :func:`mnist_ddp.core.files.write_json`)."""
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[key] = value
-    write_json(path, data)
 
 
 class MemoryFootprint(L.Callback):
@@ -175,4 +166,4 @@ class MemoryFootprint(L.Callback):
 
     @rank_zero_only
     def _write(self, trainer: L.Trainer) -> None:
-        merge_into_json(self.path, JSON_KEY, self.snapshots)
+        update_json(self.path, {JSON_KEY: self.snapshots})
