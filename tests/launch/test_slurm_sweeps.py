@@ -210,3 +210,43 @@ def test_the_check_before_launch_leaves_the_nodes_devices_to_the_cluster(tmp_pat
         check_command_line("config", gpus)
     with pytest.raises(ConfigValueError, match=r"trainer.devices=auto: hydra/launcher=slurm submits each job with"):
         check_command_line("config", ["hydra/launcher=slurm", *gpus, "trainer.devices=auto"])
+
+
+@pytest.mark.processes
+def test_the_local_tasks_stop_when_the_sweeps_command_is_killed_and_the_sweep_continues(synthetic_data_dir, tmp_path):
+    # submitit's local tasks are children of its controller, not of the command: without their watch
+    # on the command (core.lifetime.stop_with_process) a SIGKILLed command left them training, and
+    # its continue trained the same jobs a second time into the same directories.
+    import signal
+    import time
+
+    from helpers import processes_mentioning
+
+    sweep = tmp_path / "logs" / "sweep"
+    paused = ("+callbacks.pause._target_=probes.PauseAfterStep", "+callbacks.pause.step=3",
+              "+callbacks.pause.seconds=5", "+callbacks.pause.marker=${paths.output_dir}/paused",
+              f"+callbacks.pause.release={tmp_path / 'release'}")  # fmt: skip
+    command = cli_command("-m", "hydra/launcher=slurm_local", f"data.data_dir={synthetic_data_dir}", *TINY, *paused,
+                          f"hydra.sweep.dir={sweep}", log_dir=tmp_path / "logs")  # fmt: skip
+    run = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.time() + 240
+        while not (sweep / "0" / "paused").exists() and run.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert (sweep / "0" / "paused").exists(), "the job never reached its step 3"
+        os.kill(run.pid, signal.SIGKILL)  # the command alone, as the OOM killer would
+        run.wait(timeout=30)
+        # Paused 5 s a step, an orphan would train on for over a minute: the tasks stop within seconds.
+        deadline = time.time() + 15
+        while processes_mentioning(str(sweep)) and time.time() < deadline:
+            time.sleep(0.2)
+        assert processes_mentioning(str(sweep)) == [], "a task outlived the sweep's command"
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+    (tmp_path / "release").touch()
+    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    assert json.loads((sweep / "0" / "metrics.json").read_text())["status"] == "completed"
+    log = (sweep / "0" / "train.log").read_text()
+    assert log.count("Epoch 0 done") == 1, "the job trained its epoch once, after the continue"

@@ -171,8 +171,13 @@ def test_a_new_run_into_the_directory_of_an_earlier_run_is_refused(tmp_path, mar
     assert {path: path.stat().st_mtime_ns for path in run.rglob("*")} == before, "nothing written"
     # Resuming in place is the way on; a sweep into a folder of runs that is no sweep is refused too.
     check_output_dir(run, resume=True)
-    with pytest.raises(ConfigValueError, match=f"hydra.sweep.dir={log_dir / 'runs'} already holds runs but no sweep"):
+    with pytest.raises(ConfigValueError, match=f"hydra.sweep.dir={log_dir / 'runs'} holds files but no sweep"):
         check_sweep_dir(log_dir / "runs", [], resume=False, sweeper={"_target_": BASIC_SWEEPER})
+    # Nor one of the user's own files: the sweep would move its job-numbered folders aside.
+    (mine := tmp_path / "mine" / "0").mkdir(parents=True)
+    (mine / "data.txt").write_text("mine")
+    with pytest.raises(ConfigValueError, match=f"hydra.sweep.dir={mine.parent} holds files but no sweep"):
+        check_sweep_dir(mine.parent, [], resume=False, sweeper={"_target_": BASIC_SWEEPER})
     check_output_dir(tmp_path / "new", resume=False)
 
 

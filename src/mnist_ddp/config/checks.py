@@ -294,8 +294,8 @@ def check_sweep_dir(sweep_dir: Path, overrides: Sequence[str], resume: bool, swe
 
     Raises:
         ConfigValueError: for ``ckpt_path=last`` on a sweep (a sweep continues without it); for a
-            folder that holds another sweep (naming the overrides or search settings that differ) or
-            runs but no sweep, or whose sweep another command is running now; for a search whose
+            folder that holds another sweep (naming the overrides or search settings that differ) or files but
+            no sweep, or whose sweep another command is running now; for a search whose
             study was kept in memory, or by a sweeper other than Hydra's basic one and the template's
             Optuna one.
     """
@@ -305,16 +305,19 @@ def check_sweep_dir(sweep_dir: Path, overrides: Sequence[str], resume: bool, swe
             "hydra.sweep.dir=<its directory>: completed jobs are kept, interrupted ones resume from their own "
             "last.ckpt, the others run (docs/usage.md#continue-an-interrupted-sweep)."
         )
-    if launcher_restarts() > 0 or launcher_rank() > 0 or not holds_a_run(sweep_dir):
+    if launcher_restarts() > 0 or launcher_rank() > 0 or not sweep_dir.is_dir():
+        return
+    record = sweep_dir / "multirun.yaml"
+    if not record.is_file() and any(sweep_dir.iterdir()):
+        # A sweep writes its multirun.yaml before any job: these are not its files, which it would move aside.
+        raise ConfigValueError(
+            f"hydra.sweep.dir={sweep_dir} holds files but no sweep (no multirun.yaml): a sweep there would move "
+            "or overwrite them. Start the sweep in another directory (hydra.sweep.dir=<new folder>, or leave it unset)."
+        )
+    if not holds_a_run(sweep_dir):
         return
     with hold_sweep(sweep_dir):  # another command running this sweep now holds it (the launcher's lock)
         pass
-    record = sweep_dir / "multirun.yaml"
-    if not record.is_file():
-        raise ConfigValueError(
-            f"hydra.sweep.dir={sweep_dir} already holds runs but no sweep (no multirun.yaml): a sweep there would "
-            "overwrite them. Start the sweep in another directory (hydra.sweep.dir=<new folder>, or leave it unset)."
-        )
     elsewhere = "Start it in another directory (hydra.sweep.dir=<new folder>, or leave it unset)."
     if sweeper["_target_"] not in (BASIC_SWEEPER, SEARCH_SWEEPER):
         name = sweeper["_target_"].rsplit(".", 1)[-1]

@@ -9,6 +9,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -29,3 +31,32 @@ def end_with_parent(parent_pid: int, parent: str) -> None:
         log.warning(f"prctl(PR_SET_PDEATHSIG) failed (errno {errno}): this process may outlive its {parent}")
     if os.getppid() != parent_pid:
         sys.exit(128 + signal.SIGTERM)
+
+
+def stop_with_process(pid: int, name: str, every_s: float = 0.5) -> threading.Thread:
+    """Send this process SIGTERM (the template's stop: :class:`mnist_ddp.callbacks.signals.StopOnSignal`)
+    once the process ``pid`` (named ``name`` in the log) has ended, checked every ``every_s``
+    seconds by a daemon thread, which it returns.
+
+    For a process that is not ``pid``'s child, where ``PR_SET_PDEATHSIG`` cannot help: a task of
+    submitit's local executor (``hydra/launcher=slurm_local``) is the child of submitit's controller,
+    not of the sweep's command, and would otherwise train on as an orphan once that command is killed.
+    """
+
+    def watch() -> None:
+        while os.path.exists(f"/proc/{pid}") and not _is_zombie(pid):
+            threading.Event().wait(every_s)
+        log.warning(f"The {name} (pid {pid}) has ended: stopping this process")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    watcher = threading.Thread(target=watch, name=f"stop-with-{pid}", daemon=True)
+    watcher.start()
+    return watcher
+
+
+def _is_zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended but its parent has not reaped it yet (state Z in ``/proc/<pid>/stat``)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False

@@ -74,15 +74,16 @@ class ResumableOptunaSweeper(Sweeper):
         study = saved_study(search.storage, search.study_name)
         if study is not None:
             finish_trials_in_flight(study, search.launcher, list(self.config.hydra.sweeper.params or {}))
-            done = len(study.trials)
-            search.job_idx, search.n_trials = done, max(0, search.n_trials - done)
+            done, asked = len(study.trials), search.n_trials
+            search.job_idx, search.n_trials = done, max(0, asked - done)
             # A seeded sampler would start drawing again where it started: the first new trials would
             # repeat the first trials' parameters (TPE's first ones are its seeded random draws).
             if hasattr(search.sampler, "reseed_rng"):  # not the grid sampler, a class until the search builds it
                 search.sampler.reseed_rng()
+            beyond = f": the study already holds more than hydra.sweeper.n_trials={asked}" if asked < done else ""
             log.info(
                 f"Continuing the search of {search.storage}: {done} trials done, {search.n_trials} to go "
-                f"(hydra.sweeper.n_trials={done + search.n_trials} in all)"
+                f"(hydra.sweeper.n_trials={asked} in all{beyond})"
             )
         return self.optuna.sweep(arguments)
 

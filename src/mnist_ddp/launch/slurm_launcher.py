@@ -43,6 +43,7 @@ from mnist_ddp.core.compat import submitit_sbatch_script
 from mnist_ddp.core.environment import SUBMITIT_EXECUTOR_ENV, launcher_rank
 from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.core.files import write_json
+from mnist_ddp.core.lifetime import stop_with_process
 from mnist_ddp.core.run_dir import METRICS_FILE, SWEEP_DIR_ENV, read_metrics
 from mnist_ddp.launch.sweep_launcher import PlannedJob, hold_sweep, job_return, plan_jobs
 
@@ -202,6 +203,11 @@ def slurm_variables_of_local_task(environ: os._Environ | dict = os.environ) -> d
     }
 
 
+#: The pid of a ``slurm_local`` sweep's command, in its tasks' environment
+#: (:func:`~mnist_ddp.core.lifetime.stop_with_process`).
+SUBMITTER_PID_ENV = "MNIST_DDP_SWEEP_COMMAND_PID"
+
+
 class LocalSlurmSweepLauncher(SubmititSweep, LocalLauncher):
     """``hydra/launcher=slurm_local``: the SLURM sweep on this machine, by submitit's local executor
     (each job one local submitit job of ``tasks_per_node`` tasks; no requeue: SLURM is not there)."""
@@ -219,4 +225,11 @@ class LocalSlurmSweepLauncher(SubmititSweep, LocalLauncher):
     ) -> JobReturn:
         if os.environ.get(SUBMITIT_EXECUTOR_ENV) == "local":
             os.environ.update(slurm_variables_of_local_task())
+            # Its parent is submitit's controller, not the sweep's command: it stops when that command ends.
+            stop_with_process(int(os.environ[SUBMITTER_PID_ENV]), "sweep's command")
         return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+
+    @override
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        os.environ[SUBMITTER_PID_ENV] = str(os.getpid())  # the local tasks inherit it
+        return super().launch(job_overrides, initial_job_idx)
