@@ -16,7 +16,8 @@ per GPU) for ``--warmup`` + ``--steps`` optimizer steps (the step count set by
   every logged window after the warm-up, the mean over ranks;
 - AllReduce bytes per step: ``ddp.json``'s ``allreduce_bytes_per_step``.
 
-Scaling efficiency: samples/s at W over W times samples/s at 1 with the same hook. Each figure is
+Scaling efficiency: samples/s at W over W times samples/s at 1 with the plain AllReduce (at W = 1 a
+hook only adds its own work: the fp16 cast, PowerSGD's factorization). Each figure is
 the median of ``--repeats`` runs, the configurations interleaved. On CPU, a world size above the
 cores this process may run on over-subscribes them (W processes share fewer cores); the table
 says so where it does.
@@ -111,7 +112,7 @@ def table(runs: dict[str, list[dict]], world_sizes: list[int], cores: int, gpu: 
         crowded = "" if gpu or world_size <= cores else f" (over-subscribed: {world_size} processes on {cores} cores)"
         for hook in HOOKS:
             rate = median(world_size, hook, "samples_per_s")
-            efficiency = rate / (world_size * median(1, hook, "samples_per_s")) if 1 in world_sizes else float("nan")
+            efficiency = rate / (world_size * median(1, "none", "samples_per_s")) if 1 in world_sizes else float("nan")
             sent = runs[f"{world_size}-{hook}"][0]["allreduce_bytes"]
             lines.append(
                 f"| {world_size}{crowded} | {hook} | {rate:.0f} | {efficiency:.2f} "
