@@ -42,9 +42,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.run import REPO, harness_env, torchrun, update_page
-from mnist_ddp.core.errors import UsageError
-from mnist_ddp.data.idx import ensure_mnist_files
+from benchmarks.run import REPO, checked_data_dir, harness_env, publish, refuse_below, torchrun
 
 PER_STEP_START, PER_STEP_END = "<!-- per-step results: start -->", "<!-- per-step results: end -->"
 GLOBAL_BATCH = 64
@@ -146,21 +144,18 @@ def main(argv: list[str] | None = None) -> None:
         help="also time the template without callbacks.CALLBACK, and give that callback's cost per step",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    for flag, value, least in (
-        ("--steps", args.steps, 1),
-        ("--warmup", args.warmup, 0),
-        ("--repeats", args.repeats, 1),
-        ("--nproc", args.nproc, 1),
-    ):
-        if value < least:
-            parser.error(f"{flag} {value}: at least {least}")
+    refuse_below(
+        parser,
+        [
+            ("--steps", args.steps, 1),
+            ("--warmup", args.warmup, 0),
+            ("--repeats", args.repeats, 1),
+            ("--nproc", args.nproc, 1),
+        ],
+    )
     if args.gpu and args.nproc > torch.cuda.device_count():
         parser.error(f"--gpu --nproc {args.nproc}: this machine has {torch.cuda.device_count()} CUDA GPUs")
-    data_dir = args.data_dir.resolve()
-    try:
-        ensure_mnist_files(data_dir)
-    except UsageError as error:  # no MNIST there, and no download: one line, not a traceback
-        parser.error(f"--data-dir {args.data_dir}: {error}")
+    data_dir = checked_data_dir(parser, args.data_dir)
 
     programs = [*LABELS, *(["template-without"] if args.without else [])]
     runs = {model: {program: [] for program in programs} for model in args.models}
@@ -190,12 +185,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"\n{model}: the template without `callbacks.{args.without}` {without:.2f} ms per step; with it "
                 f"{template:.2f} ms, {template / without:.3f}x ({100 * (template / without - 1):+.1f}% per step).\n"
             )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps(runs, indent=2) + "\n")
-    if args.page:
-        update_page(args.page, text, PER_STEP_START, PER_STEP_END)
-    print(text)
+    publish(text, runs, args.out, args.page, PER_STEP_START, PER_STEP_END)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from mnist_ddp.core.errors import UsageError
 from mnist_ddp.data.idx import ensure_mnist_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -244,6 +245,35 @@ Fast recipe, test accuracy after its one epoch, and time to 99.0% from the comma
 Targets:
 {targets(runs, pipeline)}
 """
+
+
+def checked_data_dir(parser: argparse.ArgumentParser, data_dir: Path) -> Path:
+    """``data_dir`` resolved, once it holds MNIST's IDX files (nothing is downloaded); else the
+    harness exits with ``parser``'s one-line usage error (status 2)."""
+    try:
+        ensure_mnist_files(data_dir.resolve())
+    except UsageError as error:  # no MNIST there, and no download: one line, not a traceback
+        parser.error(f"--data-dir {data_dir}: {error}")
+    return data_dir.resolve()
+
+
+def refuse_below(parser: argparse.ArgumentParser, counts: list[tuple[str, int, int]]) -> None:
+    """Exit with ``parser``'s usage error (status 2) at the first ``(flag, value, least)`` whose
+    value is below its least."""
+    for flag, value, least in counts:
+        if value < least:
+            parser.error(f"{flag} {value}: at least {least}")
+
+
+def publish(text: str, runs: dict, out: Path, page: Path | None, start: str, end: str) -> None:
+    """Write a harness's table ``text`` to ``out`` and its runs' figures beside it (``.json``), put
+    the table into ``page`` between ``start`` and ``end`` when given (:func:`update_page`), and print it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(runs, indent=2) + "\n")
+    if page:
+        update_page(page, text, start, end)
+    print(text)
 
 
 def update_page(page: Path, text: str, start: str = RESULTS_START, end: str = RESULTS_END) -> None:

@@ -39,9 +39,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from benchmarks.per_step import TEMPLATE_GPU
-from benchmarks.run import REPO, harness_env, update_page
-from mnist_ddp.core.errors import UsageError
-from mnist_ddp.data.idx import ensure_mnist_files
+from benchmarks.run import REPO, checked_data_dir, harness_env, publish, refuse_below
 
 SCALING_START, SCALING_END = "<!-- scaling results: start -->", "<!-- scaling results: end -->"
 HOOKS = ("none", "fp16", "powersgd")
@@ -144,22 +142,19 @@ def main(argv: list[str] | None = None) -> None:
     gpus = torch.cuda.device_count()
     if args.world_sizes is None:
         args.world_sizes = [w for w in (1, 2, 4, 8, 16) if w <= gpus] if args.gpu else [1, 2, 4]
-    for flag, value, least in (
-        ("--steps", args.steps, WINDOW),  # at least one window of the step anatomy after the warm-up
-        ("--warmup", args.warmup, 0),
-        ("--repeats", args.repeats, 1),
-        ("--per-device-batch", args.per_device_batch, 1),
-        ("--world-sizes", min(args.world_sizes, default=0), 1),
-    ):
-        if value < least:
-            parser.error(f"{flag} {value}: at least {least}")
+    refuse_below(
+        parser,
+        [
+            ("--steps", args.steps, WINDOW),  # at least one window of the step anatomy after the warm-up
+            ("--warmup", args.warmup, 0),
+            ("--repeats", args.repeats, 1),
+            ("--per-device-batch", args.per_device_batch, 1),
+            ("--world-sizes", min(args.world_sizes, default=0), 1),
+        ],
+    )
     if args.gpu and max(args.world_sizes) > gpus:
         parser.error(f"--gpu --world-sizes {max(args.world_sizes)}: this machine has {gpus} CUDA GPUs")
-    data_dir = args.data_dir.resolve()
-    try:
-        ensure_mnist_files(data_dir)
-    except UsageError as error:  # no MNIST there, and no download: one line, not a traceback
-        parser.error(f"--data-dir {args.data_dir}: {error}")
+    data_dir = checked_data_dir(parser, args.data_dir)
 
     configurations = [(world_size, hook) for world_size in args.world_sizes for hook in HOOKS]
     runs: dict[str, list[dict]] = {f"{w}-{h}": [] for w, h in configurations}
@@ -182,12 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         f"run{'s' if args.repeats > 1 else ''} per configuration (interleaved):\n\n"
         f"{table(runs, args.world_sizes, cores, args.gpu)}\n"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps(runs, indent=2) + "\n")
-    if args.page:
-        update_page(args.page, text, SCALING_START, SCALING_END)
-    print(text)
+    publish(text, runs, args.out, args.page, SCALING_START, SCALING_END)
 
 
 if __name__ == "__main__":

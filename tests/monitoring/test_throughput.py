@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from mnist_ddp.callbacks import throughput
+from mnist_ddp.callbacks import rank_metrics, throughput
 
 
 def test_throughput_windows_straggler_arithmetic_and_peak_gpu_memory(monkeypatch):
@@ -13,7 +13,7 @@ def test_throughput_windows_straggler_arithmetic_and_peak_gpu_memory(monkeypatch
     CPU); so are the clock and the gather (rank 1 reports twice rank 0's samples, seconds and memory)."""
     now, synced = [0.0], []
     monkeypatch.setattr(throughput, "_on_gpu", lambda module: True)
-    monkeypatch.setattr(throughput, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(rank_metrics, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device: synced.append(now[0]))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 512 * 2**20)
@@ -50,7 +50,7 @@ def test_an_epoch_resumed_in_its_middle_is_timed_from_the_resume(monkeypatch):
     # Lightning calls no on_train_epoch_start for the epoch a fit resumes inside; the clock (here
     # a stand-in at 1,000 s of uptime) must not count from zero.
     now = [1000.0]
-    monkeypatch.setattr(throughput, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(rank_metrics, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     logged = []
     logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append(metrics))
     trainer = SimpleNamespace(world_size=1, global_step=7, current_epoch=0, is_global_zero=True, loggers=[logger])

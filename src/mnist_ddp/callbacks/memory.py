@@ -10,6 +10,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from mnist_ddp.callbacks.rank_metrics import gather_rows, log_on_rank_zero
 from mnist_ddp.core.files import update_json
 from mnist_ddp.distributed.footprint import tensor_footprint
 
@@ -147,22 +148,20 @@ class MemoryFootprint(L.Callback):
         # its backend gathers (NCCL: the GPU).
         values = [figures.get(key, math.nan) for key in FIGURES]
         local = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
-        gathered = pl_module.all_gather(local).reshape(trainer.world_size, len(FIGURES)).tolist()
+        gathered = gather_rows(trainer, pl_module, local).tolist()
         ranks = [{key: int(value) for key, value in zip(FIGURES, row) if not math.isnan(value)} for row in gathered]
         self.snapshots[name] = {"step": trainer.global_step, "ranks": ranks}
         # A resumed fit's first step is not the run's: the run's own was logged by its first
         # attempt, and TensorBoard and CSV keep that point (they purge only those after the
         # checkpoint), so a resumed run shows the points of an uninterrupted one.
         resumed = (self._start_step or 0) > 0
-        if trainer.is_global_zero and not (name == "first_step" and resumed):
+        if not (name == "first_step" and resumed):
             metrics = {
                 f"memory/rank_{rank}/{key}_mib": value / 2**20
                 for rank, row in enumerate(ranks)
                 for key, value in row.items()
             }
-            for logger in trainer.loggers:
-                # At the index of the step just taken, as Lightning logs train/loss.
-                logger.log_metrics(metrics, step=trainer.global_step - 1)
+            log_on_rank_zero(trainer, metrics)
 
     @rank_zero_only
     def _write(self, trainer: L.Trainer) -> None:

@@ -9,7 +9,6 @@ which every other rank waits for in the AllReduce).
 
 import logging
 import math
-import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
+from mnist_ddp.callbacks.rank_metrics import clock, gather_rows, log_on_rank_zero
 from mnist_ddp.core.compat import ddp_logging_data, logs_this_step, sample_ddp_runtime_every
 from mnist_ddp.core.files import update_json
 from mnist_ddp.distributed.checkpoint_io import at_optimizer_step_boundary
@@ -127,7 +127,7 @@ class StepAnatomy(L.Callback):
 
     def _log_window(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         local = torch.tensor(self._row(trainer), dtype=torch.float64, device=pl_module.device)
-        rows = pl_module.all_gather(local).reshape(trainer.world_size, len(PARTS)).cpu()  # (world_size, 7)
+        rows = gather_rows(trainer, pl_module, local).cpu()  # (world_size, 7)
         if not trainer.is_global_zero or rows.isnan().all():
             return
         metrics = {}
@@ -136,8 +136,7 @@ class StepAnatomy(L.Callback):
         steps = rows[:, PARTS.index("step")]
         if not steps.isnan().any():
             metrics |= {"step/slowest_ms": steps.max().item(), "step/fastest_ms": steps.min().item()}
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step - 1)  # where Lightning logs train/loss
+        log_on_rank_zero(trainer, metrics)
         if not rows.isnan().any():
             self._windows += 1
             self._sums = rows if self._windows == 1 else self._sums + rows
@@ -180,8 +179,7 @@ class StepAnatomy(L.Callback):
         )
 
 
-def _clock(pl_module: L.LightningModule, synchronize: bool) -> float:
-    """``time.perf_counter()`` (seconds); with ``synchronize``, on a GPU once the work queued so far is done."""
-    if synchronize and pl_module.device.type == "cuda":
-        torch.cuda.synchronize(pl_module.device)
-    return time.perf_counter()
+def _clock(pl_module: L.LightningModule, sampled: bool) -> float:
+    """The host clock (:func:`~mnist_ddp.callbacks.rank_metrics.clock`), after the GPU's queued work
+    on the steps DDP samples (``sampled``): the others' times are not reported."""
+    return clock(pl_module.device, sampled and pl_module.device.type == "cuda")

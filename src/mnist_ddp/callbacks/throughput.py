@@ -1,11 +1,11 @@
 """How fast a DDP run trains, measured by every process: is every device pulling its weight?"""
 
 import logging
-import time
 
 import lightning as L
 import torch
-from torch import Tensor
+
+from mnist_ddp.callbacks.rank_metrics import clock, gather_rows, log_on_rank_zero
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +66,12 @@ class DistributedThroughputMonitor(L.Callback):
             self._start_window(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        metrics = {"time/epoch_s": _clock(pl_module) - self._epoch_start}
+        metrics = {"time/epoch_s": clock(pl_module.device, _on_gpu(pl_module)) - self._epoch_start}
         if _on_gpu(pl_module):
             peak = torch.tensor([torch.cuda.max_memory_allocated(pl_module.device) / 2**20], device=pl_module.device)
-            for rank, (mib,) in enumerate(_gather(trainer, pl_module, peak).tolist()):
+            for rank, (mib,) in enumerate(gather_rows(trainer, pl_module, peak).tolist()):
                 metrics[f"memory/rank_{rank}/peak_mib"] = mib
-        _log(trainer, metrics)
+        log_on_rank_zero(trainer, metrics)
         # One line per epoch in the job's log too, for whoever follows it there (a SLURM output file).
         if trainer.is_global_zero:
             log.info(
@@ -80,40 +80,20 @@ class DistributedThroughputMonitor(L.Callback):
             )
 
     def _start_window(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
-        self._window_start = _clock(pl_module)
+        self._window_start = clock(pl_module.device, _on_gpu(pl_module))
         self._window_start_step = trainer.global_step
         self._window_samples = 0
         return self._window_start
 
     def _end_window(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        seconds = _clock(pl_module) - self._window_start
+        seconds = clock(pl_module.device, _on_gpu(pl_module)) - self._window_start
         local = torch.tensor([self._window_samples, seconds], dtype=torch.float64, device=pl_module.device)
-        samples, seconds = _gather(trainer, pl_module, local).T  # (world_size,) each
+        samples, seconds = gather_rows(trainer, pl_module, local).T  # (world_size,) each
         metrics = {"throughput/samples_per_sec": (samples.sum() / seconds.max()).item()}
         for rank, rate in enumerate((samples / seconds).tolist()):
             metrics[f"throughput/rank_{rank}/samples_per_sec"] = rate
-        _log(trainer, metrics)
+        log_on_rank_zero(trainer, metrics)
 
 
 def _on_gpu(pl_module: L.LightningModule) -> bool:
     return pl_module.device.type == "cuda"
-
-
-def _clock(pl_module: L.LightningModule) -> float:
-    """``time.perf_counter()`` (seconds) once the GPU has finished the work queued so far."""
-    if _on_gpu(pl_module):
-        torch.cuda.synchronize(pl_module.device)
-    return time.perf_counter()
-
-
-def _gather(trainer: L.Trainer, pl_module: L.LightningModule, values: Tensor) -> Tensor:
-    """Every rank's ``(K,)`` values as ``(world_size, K)``, row ``r`` from global rank ``r``."""
-    # A single-device strategy returns the tensor itself, without the leading world_size dim.
-    return pl_module.all_gather(values).reshape(trainer.world_size, -1)
-
-
-def _log(trainer: L.Trainer, metrics: dict[str, float]) -> None:
-    if trainer.is_global_zero:
-        for logger in trainer.loggers:
-            # At the index of the window's last step, as Lightning logs train/loss and epoch values.
-            logger.log_metrics(metrics, step=trainer.global_step - 1)

@@ -162,9 +162,13 @@ class SubmititSweep(BaseSubmititLauncher):
     ) -> JobReturn:
         # In each task of the job (python -m submitit.core._submit): every task runs the job's
         # function, and global rank 0 alone writes its .hydra/ config (as run_entry_point has it).
+        self.prepare_task()
         if launcher_rank() > 0:
             sweep_overrides = [*sweep_overrides, "hydra.output_subdir=null"]
         return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+
+    def prepare_task(self) -> None:
+        """Set up this task's process before it runs its job (on SLURM: nothing, ``srun`` did)."""
 
 
 class SlurmSweepLauncher(SubmititSweep, SlurmLauncher):
@@ -215,19 +219,11 @@ class LocalSlurmSweepLauncher(SubmititSweep, LocalLauncher):
     cluster = "local"
 
     @override
-    def __call__(
-        self,
-        sweep_overrides: list[str],
-        job_dir_key: str,
-        job_num: int,
-        job_id: str,
-        singleton_state: dict[type, Singleton],
-    ) -> JobReturn:
+    def prepare_task(self) -> None:
         if os.environ.get(SUBMITIT_EXECUTOR_ENV) == "local":
             os.environ.update(slurm_variables_of_local_task())
             # Its parent is submitit's controller, not the sweep's command: it stops when that command ends.
             stop_with_process(int(os.environ[SUBMITTER_PID_ENV]), "sweep's command")
-        return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
 
     @override
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
