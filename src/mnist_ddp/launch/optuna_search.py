@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from mnist_ddp.core.compat import optuna_search
+from mnist_ddp.core.files import write_atomically
 from mnist_ddp.launch.sweep_launcher import hold_sweep
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,8 @@ class ResumableOptunaSweeper(Sweeper):
 
     def _sweep(self, sweep_dir: Path, arguments: list[str]) -> Any:
         # Where the study's SQLite file goes, and the command's record that a continued search is checked against.
-        OmegaConf.save(self.config, sweep_dir / SWEEP_RECORD)
+        # Atomically: a command killed as it starts leaves the record whole or absent, never half-written.
+        write_atomically(sweep_dir / SWEEP_RECORD, OmegaConf.to_yaml(self.config))
         search = optuna_search(self.optuna)
         study = saved_study(search.storage, search.study_name)
         if study is not None:
