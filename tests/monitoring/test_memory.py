@@ -82,7 +82,9 @@ class Linear(L.LightningModule):
         self.layer = nn.Linear(IN, OUT)
 
     def training_step(self, batch, batch_idx):
-        return self.layer(batch[0]).square().mean()
+        loss = self.layer(batch[0]).square().mean()
+        self.log("train/loss", loss)  # Lightning's own step for a step's point, to compare with
+        return loss
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
@@ -109,7 +111,8 @@ def test_the_callback_logs_and_merges_the_exact_figures_of_a_fit(process_group, 
     tensors = {key: LINEAR_BYTES for key in ("parameters", "gradients", "ddp_buckets", "optimizer_state")}
     (first,) = saved["memory"]["first_step"]["ranks"]
     (peak,) = saved["memory"]["peak"]["ranks"]
-    assert saved["memory"]["first_step"]["step"] == 1 and saved["memory"]["peak"]["step"] == STEPS
+    # ddp.json's steps are those of the TensorBoard points below (the steps' indices, as train/loss's).
+    assert saved["memory"]["first_step"]["step"] == 0 and saved["memory"]["peak"]["step"] == STEPS - 1
     assert {key: first[key] for key in tensors} == tensors == {key: peak[key] for key in tensors}
     # No GPU: the process's resident memory beside them (now, and its peak), no CUDA figures.
     assert set(first) == set(peak) == {*tensors, "host_rss"}
@@ -118,8 +121,12 @@ def test_the_callback_logs_and_merges_the_exact_figures_of_a_fit(process_group, 
     assert 0 < first["host_rss"] <= peak["host_rss"] + 2**20
     assert peak["host_rss"] <= host_resident_bytes(peak=True) + 2**20
     scalars = read_scalars(tmp_path / "tb", steps=True)
+    steps = [saved["memory"][snapshot]["step"] for snapshot in ("first_step", "peak")]
     for key in tensors:
-        assert scalars[f"memory/rank_0/{key}_mib"] == [(0, LINEAR_BYTES / 2**20), (STEPS - 1, LINEAR_BYTES / 2**20)]
+        assert scalars[f"memory/rank_0/{key}_mib"] == [(step, LINEAR_BYTES / 2**20) for step in steps]
+    # At the steps where Lightning logs the first and the last step's train/loss (log_every_n_steps=1).
+    losses = [step for step, _ in scalars["train/loss"]]
+    assert len(losses) == STEPS and steps == [losses[0], losses[-1]] == [0, STEPS - 1]
 
 
 class SimulatedGPUModule(nn.Module):

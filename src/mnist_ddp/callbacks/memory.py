@@ -10,7 +10,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from mnist_ddp.callbacks.rank_metrics import gather_rows, log_on_rank_zero
+from mnist_ddp.callbacks.rank_metrics import gather_rows, log_on_rank_zero, logged_step
 from mnist_ddp.core.files import update_json
 from mnist_ddp.distributed.footprint import tensor_footprint
 
@@ -74,8 +74,10 @@ class MemoryFootprint(L.Callback):
       step's index (the ``first_step`` snapshot) and at the last step's (``peak``). A resumed fit
       logs its peak only: the run's first step was logged before, by the attempt that took it.
     - ``path`` (``ddp.json``), at the end of training, under the top-level key ``"memory"`` (the
-      file's other keys are kept): ``{"first_step": {"step": <global step>, "ranks": [{figure: bytes}, ...]},
-      "peak": {...}}``, ``ranks[r]`` from global rank ``r``.
+      file's other keys are kept): ``{"first_step": {"step": <step>, "ranks": [{figure: bytes}, ...]},
+      "peak": {...}}``, ``ranks[r]`` from global rank ``r``; ``step`` is the snapshot's step in
+      TensorBoard (:func:`~mnist_ddp.callbacks.rank_metrics.logged_step`: the optimizer step's
+      index, ``global_step - 1``; 0 for the run's first step).
 
     Args:
         path: the JSON file to merge the figures into (the default config: the run's ``ddp.json``).
@@ -150,7 +152,8 @@ class MemoryFootprint(L.Callback):
         local = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
         gathered = gather_rows(trainer, pl_module, local).tolist()
         ranks = [{key: int(value) for key, value in zip(FIGURES, row) if not math.isnan(value)} for row in gathered]
-        self.snapshots[name] = {"step": trainer.global_step, "ranks": ranks}
+        # The step of its TensorBoard points (and of train/loss there), not the count of steps taken.
+        self.snapshots[name] = {"step": logged_step(trainer), "ranks": ranks}
         # A resumed fit's first step is not the run's: the run's own was logged by its first
         # attempt, and TensorBoard and CSV keep that point (they purge only those after the
         # checkpoint), so a resumed run shows the points of an uninterrupted one.

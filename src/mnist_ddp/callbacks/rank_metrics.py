@@ -23,9 +23,16 @@ def gather_rows(trainer: L.Trainer, pl_module: L.LightningModule, values: Tensor
     return pl_module.all_gather(values).reshape(trainer.world_size, -1)
 
 
+def logged_step(trainer: L.Trainer) -> int:
+    """The step at which the optimizer step just taken is logged: its index, ``global_step - 1``
+    once it is taken, the step at which Lightning logs that step's ``train/loss`` (counted from 0:
+    the first optimizer step is logged at 0, the 100th at 99)."""
+    return trainer.global_step - 1
+
+
 def log_on_rank_zero(trainer: L.Trainer, metrics: dict[str, float]) -> None:
-    """Write ``metrics`` to every logger from global rank 0, at the index of the optimizer step just
-    taken, where Lightning logs ``train/loss``."""
+    """Write ``metrics`` to every logger from global rank 0, at :func:`logged_step`, where Lightning
+    logs ``train/loss``."""
     if trainer.is_global_zero:
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step - 1)
+            logger.log_metrics(metrics, step=logged_step(trainer))
