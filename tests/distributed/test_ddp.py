@@ -178,6 +178,7 @@ def test_default_ddp_settings_in_effect(run):
     assert settings["bucket_cap_mb"] == 25 and len(settings["bucket_sizes_bytes"]) == 1  # 0.74 MB in one bucket
     assert not settings["find_unused_parameters"] and not settings["static_graph"]
     assert not settings["gradient_as_bucket_view"] and settings["broadcast_buffers"]
+    assert settings["optimizer_sharding"] is False  # a plain optimizer: ZeRO's run is in test_zero.py
 
 
 def test_configured_ddp_options_take_effect(run):

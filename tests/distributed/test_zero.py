@@ -115,6 +115,21 @@ def test_zero_splits_the_optimizer_state_over_the_ranks_and_nothing_else(runs):
             assert {key: zero_rank[key] for key in TENSORS[:3]} == {key: plain_rank[key] for key in TENSORS[:3]}
     scalars = read_scalars(zero / "tensorboard", steps=True)
     assert [scalars[f"memory/rank_{r}/optimizer_state_mib"][0] for r in (0, 1)] == [(0, s / 2**20) for s in shares]
+    # ddp.json names the snapshots by their TensorBoard steps, train/loss's: the first step's and the last's.
+    snapshots = json.loads((zero / "ddp.json").read_text())["memory"]
+    losses = [step for step, _ in scalars["train/loss"]]
+    assert [snapshots[name]["step"] for name in ("first_step", "peak")] == [losses[0], losses[-1]] == [0, STEPS - 1]
+    assert [step for step, _ in scalars["memory/rank_0/optimizer_state_mib"]] == [0, STEPS - 1]
+
+
+def test_ddp_json_and_the_log_say_whether_the_optimizer_is_sharded(runs):
+    plain, _ = runs("plain", "trainer.devices=2")
+    zero, _ = runs("zero", "trainer.devices=2", ZERO)
+    for run_dir, sharded in ((plain, False), (zero, True)):
+        assert json.loads((run_dir / "ddp.json").read_text())["optimizer_sharding"] is sharded
+        lines = (run_dir / "train.log").read_text().splitlines()
+        (line,) = [line for line in lines if "DDP settings in effect" in line]
+        assert f"optimizer_sharding={sharded}," in line
 
 
 def test_a_zero_run_killed_mid_epoch_resumes_in_place_bit_identically(runs, killed):

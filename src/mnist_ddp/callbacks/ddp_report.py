@@ -12,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from mnist_ddp.core.compat import ddp_logging_data, process_group_timeout
 from mnist_ddp.core.files import write_json
@@ -31,7 +32,9 @@ class DDPSettingsReport(L.Callback):
     ``find_unused_parameters``, ``static_graph``, ``gradient_as_bucket_view``,
     ``broadcast_buffers``, ``bucket_cap_mb`` (MiB), ``bucket_sizes_bytes`` (one entry per gradient
     bucket, bytes; a tensor larger than the cap gets a bucket of its own), ``sync_batchnorm``
-    (whether the model holds SyncBatchNorm layers), ``allreduce_bytes_per_step`` (what each rank
+    (whether the model holds SyncBatchNorm layers), ``optimizer_sharding`` (whether the optimizer
+    the Trainer steps is torch's ``ZeroRedundancyOptimizer``: ZeRO-1, ``strategy.optimizer_sharding``),
+    ``allreduce_bytes_per_step`` (what each rank
     AllReduces per optimizer step: the buckets' bytes in the hook's dtype, half of them with the
     fp16 / bf16 hooks; null for PowerSGD, whose volume depends on each tensor's shape and the
     rank of its approximation) and ``allreduce_sent_bytes_per_rank`` (what a ring AllReduce, NCCL's
@@ -77,6 +80,10 @@ class DDPSettingsReport(L.Callback):
             "bucket_cap_mb": ddp.bucket_bytes_cap / 2**20,
             "bucket_sizes_bytes": [int(size) for size in str(buckets).split(",")],
             "sync_batchnorm": bool(data.get("has_sync_bn")),
+            # The optimizers the strategy really steps (it rebuilds them sharded in setup_optimizers).
+            "optimizer_sharding": any(
+                isinstance(optimizer, ZeroRedundancyOptimizer) for optimizer in trainer.optimizers
+            ),
         }
         payload = allreduce_bytes(settings["bucket_sizes_bytes"], settings["comm_hook"])
         settings["allreduce_bytes_per_step"] = payload
