@@ -17,7 +17,9 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 from hydra.utils import instantiate
+from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util import tensor_util
 
 from mnist_ddp.data.idx import MNIST_FILES
 from mnist_ddp.models.build import build_model
@@ -231,12 +233,29 @@ def simulated_slurm(bin_dir: Path, job_id: str, ntasks: int) -> dict[str, str]:
 
 def read_scalars(event_dir: Path, steps: bool = False) -> dict[str, list]:
     """Every scalar tag in the TensorBoard event files of ``event_dir``, read with TensorBoard's own
-    reader: its values, or ``(step, value)`` pairs with ``steps=True``."""
+    reader: its values, or ``(step, value)`` pairs with ``steps=True``.
+
+    Read with ``EventAccumulator`` and checked against :func:`scalars_as_the_app_shows`: the two
+    readers drop a resumed run's replaced points on different markers, and a test must see what
+    the TensorBoard app shows."""
     events = EventAccumulator(str(event_dir), size_guidance={"scalars": 0})
     events.Reload()
+    points = {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert points == scalars_as_the_app_shows(event_dir), "EventAccumulator and the TensorBoard app disagree"
+    return points if steps else {tag: [value for _, value in pairs] for tag, pairs in points.items()}
+
+
+def scalars_as_the_app_shows(event_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` of every scalar tag in ``event_dir``, as the TensorBoard app's
+    Python loader (``tensorboard --load_fast=false``, its fallback where the Rust data server does
+    not run) shows them: it takes a run's first ``SessionLog.START`` for the run's own start and
+    drops points only at a later one, where ``EventAccumulator`` drops them at every START."""
+    events = plugin_event_accumulator.EventAccumulator(str(event_dir), size_guidance={"tensors": 0})
+    events.Reload()
     return {
-        tag: [(event.step, event.value) if steps else event.value for event in events.Scalars(tag)]
-        for tag in events.Tags()["scalars"]
+        tag: [(event.step, tensor_util.make_ndarray(event.tensor_proto).item()) for event in events.Tensors(tag)]
+        for tag in events.Tags()["tensors"]
+        if events.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
     }
 
 

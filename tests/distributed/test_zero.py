@@ -143,6 +143,14 @@ def test_a_zero_run_killed_mid_epoch_resumes_in_place_bit_identically(runs, kill
         assert torch.equal(resumed["state_dict"][key], value), key
     for index, buffer in momentum(full).items():
         assert torch.equal(momentum(resumed)[index], buffer), index
+    # TensorBoard, as its app shows it (read_scalars checks both readers): each step once, the steps
+    # after the checkpoint from the resume, so the uninterrupted run's points.
+    losses = read_scalars(run_dir / "tensorboard", steps=True)["train/loss"]
+    assert losses == read_scalars(zero / "tensorboard", steps=True)["train/loss"]
+    assert [step for step, _ in losses] == list(range(STEPS))
+    # The resumed fit's first step is the one after the checkpoint: logged at the checkpoint's step.
+    first_step = json.loads((run_dir / "ddp.json").read_text())["memory"]["first_step"]["step"]
+    assert first_step == torch.load(saved, weights_only=True)["global_step"]
 
 
 def test_a_zero_checkpoint_resumes_exactly_on_three_processes(runs, killed):

@@ -9,9 +9,11 @@ import csv
 from pathlib import Path
 
 import pytest
+from helpers import read_scalars, scalars_as_the_app_shows
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
-from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.loggers import TensorBoardLogger as LightningTensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from mnist_ddp.config.command_line import check_command_line
@@ -20,6 +22,7 @@ from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.core.errors import UsageError
 from mnist_ddp.loggers import trackers
 from mnist_ddp.loggers.csv_logger import CSVLogger
+from mnist_ddp.loggers.tensorboard_logger import TensorBoardLogger
 from mnist_ddp.loggers.trackers import TRACKER_RUNS_FILE, build_loggers, check_tracker_packages, record_tracker_runs
 
 register_configs()
@@ -69,7 +72,7 @@ def test_a_restarted_run_continues_its_mlflow_run(tmp_path, monkeypatch):
 
     again = build_loggers(cfg, tmp_path / "run", tmp_path, purge_step=7)
     assert again[1].run_id == run_id, "the same MLflow run"
-    assert again[0]._kwargs["purge_step"] == 7, "TensorBoard drops the points after the checkpoint"
+    assert again[0].purge_step == again[0]._kwargs["purge_step"] == 7, "TensorBoard drops the points after it"
     client = again[1].experiment
     assert len(client.search_runs([again[1].experiment_id])) == 1
     # Another run directory: another MLflow run in the same store.
@@ -121,3 +124,29 @@ def test_a_tracker_whose_package_is_missing_is_refused_naming_the_extra(tmp_path
         "logger.wandb needs the wandb_not_installed package, which is not installed: "
         "pip install 'mnist-ddp[wandb_not_installed]' (or pip install wandb_not_installed)."
     )
+
+
+def log_steps(logger, steps: range, value: float) -> None:
+    for step in steps:
+        logger.log_metrics({"train/loss": value + step}, step=step)
+    logger.finalize("success")
+
+
+@pytest.mark.parametrize("cls", [LightningTensorBoardLogger, TensorBoardLogger], ids=["lightning", "template"])
+def test_a_resumed_tensorboard_run_shows_each_step_once_in_every_reader(tmp_path, monkeypatch, cls):
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    # The first start logs steps 0 to 9 and is stopped; its checkpoint was at step 6, so the resume
+    # logs 6 to 9 again, with other values (the steps it takes after the checkpoint).
+    log_steps(cls(tmp_path, name="tb", version=""), range(10), 0.0)
+    log_steps(cls(tmp_path, name="tb", version="", purge_step=6), range(6, 10), 100.0)
+    expected = [(step, float(step)) for step in range(6)] + [(step, 100.0 + step) for step in range(6, 10)]
+    shown = scalars_as_the_app_shows(tmp_path / "tb")["train/loss"]
+    if cls is LightningTensorBoardLogger:
+        # torch's one START marker at step 6: the TensorBoard app's loader takes it for the run's own
+        # start and shows steps 6 to 9 twice, once from each start (EventAccumulator drops them).
+        assert [step for step, _ in shown] == [*range(10), *range(6, 10)]
+        with pytest.raises(AssertionError, match="disagree"):
+            read_scalars(tmp_path / "tb")
+        return
+    assert shown == expected, "the app's loader"
+    assert read_scalars(tmp_path / "tb", steps=True)["train/loss"] == expected, "EventAccumulator"

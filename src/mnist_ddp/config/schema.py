@@ -217,7 +217,8 @@ class LRScalingConfig:
 
 @dataclass
 class TensorBoardLoggerConfig:
-    """``logger.tensorboard``: arguments of ``lightning.pytorch.loggers.TensorBoardLogger``."""
+    """``logger.tensorboard``: arguments of :class:`mnist_ddp.loggers.tensorboard_logger.TensorBoardLogger`
+    (Lightning's)."""
 
     _target_: str = MISSING
     save_dir: str = MISSING

@@ -7,7 +7,8 @@ trackers continue the same tracker run there instead of opening another: global 
 each one's run id to ``<run dir>/trackers.json`` when the run first starts (:func:`record_tracker_runs`),
 and every later start hands it back to the logger (:func:`build_loggers`). TensorBoard and CSV
 have no run id; they continue in their folders, dropping the points the earlier start logged
-after its last checkpoint (``purge_step``), since the resumed run logs those steps again.
+after its last checkpoint (``purge_step``), since the resumed run logs those steps again
+(:mod:`mnist_ddp.loggers.tensorboard_logger` marks that so that every TensorBoard reader drops them).
 """
 
 import fcntl
