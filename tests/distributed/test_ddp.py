@@ -13,6 +13,7 @@ train on, 21 global batches of 48 per epoch for 1, 2, 3 and 4 processes alike. 3
 
 import json
 import socket
+import statistics
 import subprocess
 import sys
 
@@ -267,8 +268,11 @@ def test_every_rank_logs_where_its_step_goes_and_the_parts_add_up_to_the_step(ru
         print(f"{name} rank {rank}: parts {inside:.2f} ms of a {mean['step']:.2f} ms step; {mean}")
         assert 0.8 * mean["step"] <= inside <= mean["step"], "the parts account for at least 80% of the step"
         if world_size == 1:  # no other rank: DDP still copies the gradients into its bucket and back
-            # and runs a one-rank AllReduce (0.4 ms of a 12 ms step when measured), not nothing.
-            assert mean["exposed_comm"] < 0.1 * mean["step"], mean
+            # and runs a one-rank AllReduce (0.4 ms of a 12 ms step when measured), not nothing. The
+            # median window: on a loaded machine one window's wait for a core can be 10% of its step.
+            exposed, step = (scalars[f"step/rank_{rank}/{part}_ms"] for part in ("exposed_comm", "step"))
+            shares = [part / whole for (_, part), (_, whole) in zip(exposed, step)]
+            assert statistics.median(shares) < 0.1, shares
 
 
 # --- several nodes ---------------------------------------------------------------------------

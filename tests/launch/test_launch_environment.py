@@ -78,3 +78,25 @@ def test_the_failure_named_is_the_cause_not_the_agents_sigterm_that_followed_it(
     # Another signal (the OOM killer's SIGKILL) still comes before a stop.
     oom = ProcessFailure(local_rank=1, pid=11, exitcode=-9, error_file="/nonexistent")
     assert root_failure({0: stopped, 1: oom})[0] == 1
+
+
+def test_a_recorded_exception_is_named_even_when_the_process_then_died_by_a_signal(tmp_path, monkeypatch):
+    # A worker that recorded its exception (torch's @record, here its ErrorHandler) and then died by
+    # SIGABRT on its way out (gloo's threads abort a process at exit after a failed collective): the
+    # exception is the cause, not the signal (test_hydra_cli's Optuna failure met this under load).
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, ProcessFailure
+
+    from mnist_ddp.distributed.failures import describe_failure, root_failure
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    try:
+        raise RuntimeError("injected failure on rank 1 at step 2")
+    except RuntimeError as error:
+        ErrorHandler().record_exception(error)
+    aborted = ProcessFailure(local_rank=1, pid=11, exitcode=-6, error_file=str(error_file))
+    assert describe_failure(aborted) == "RuntimeError: injected failure on rank 1 at step 2"
+    # Without a record, the signal is all there is to say.
+    unrecorded = ProcessFailure(local_rank=0, pid=10, exitcode=-6, error_file=str(tmp_path / "none.json"))
+    assert describe_failure(unrecorded) == "killed by SIGABRT (exit status -6)"
+    assert root_failure({0: unrecorded, 1: aborted})[0] == 1

@@ -49,16 +49,22 @@ def root_failure(failures: dict) -> tuple[int, object]:
 def describe_failure(failure) -> str:
     """One line for a worker's ``ProcessFailure``: the exception's type and message (its first
     line) as the worker recorded it, or the signal that ended it (``killed by SIGKILL (exit status -9)``,
-    ``stopped by SIGTERM (exit status 143)``)."""
-    if failure.exitcode < 0:
-        return f"killed by {failure.signal_name()} (exit status {failure.exitcode})"
-    if failure.exitcode - 128 in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a stop: mnist_ddp.callbacks.signals
-        return f"stopped by {signal.Signals(failure.exitcode - 128).name} (exit status {failure.exitcode})"
+    ``stopped by SIGTERM (exit status 143)``).
+
+    A recorded exception comes first, whatever the exit status: a worker that recorded its exception
+    (torch's ``@record``) can still die by a signal on its way out (gloo's threads abort the process
+    at interpreter exit after a failed collective: SIGABRT), and the exception is the cause."""
     message = failure.message
     if isinstance(message, dict):  # torch's ErrorHandler format: {"message": "...", "extraInfo": {...}}
         message = message.get("message", "")
     # "<type>: <message>" as recorded by the worker; its first line (omegaconf adds key details below).
     lines = [line for line in str(message).strip().splitlines() if line.strip()]
+    if failure.error_file_data.get("message") != "<NONE>" and lines:  # torch read the worker's record
+        return lines[0].strip()
+    if failure.exitcode < 0:
+        return f"killed by {failure.signal_name()} (exit status {failure.exitcode})"
+    if failure.exitcode - 128 in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a stop: mnist_ddp.callbacks.signals
+        return f"stopped by {signal.Signals(failure.exitcode - 128).name} (exit status {failure.exitcode})"
     if not lines or "pytorch.org/docs/stable/elastic/errors" in lines[0]:
         return f"exited with status {failure.exitcode}"
     return lines[0].strip()
