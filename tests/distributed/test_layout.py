@@ -35,6 +35,18 @@ def test_non_divisible_global_batch_is_refused_with_the_nearest_valid_sizes():
     assert "multiple of 6" in message and "data.global_batch_size=96 or 102" in message
 
 
+def test_a_resume_that_does_not_split_the_global_batch_names_the_world_sizes_that_do():
+    # A resume in place keeps the run's global batch (64): another global batch would be refused there.
+    with pytest.raises(ValueError) as error:
+        per_device_batch_size(64, 3, 1, resume=True)
+    assert str(error.value).endswith(
+        "Use data.global_batch_size=63 or 66, or, to resume a run in place (it keeps its global batch), a world "
+        "size (trainer.num_nodes x trainer.devices) of 1, 2, 4, 8, 16, 32, 64."
+    )
+    with pytest.raises(ValueError, match=r"a world size \(trainer.num_nodes x trainer.devices\) of 1, 5, 25\.$"):
+        per_device_batch_size(100, 3, 4, resume=True)
+
+
 def test_global_batch_smaller_than_the_process_count_is_refused():
     with pytest.raises(ValueError, match="data.global_batch_size=4 or 8"):
         per_device_batch_size(2, 4)
@@ -89,6 +101,8 @@ def test_bad_lr_scaling_is_refused():
         ({"comm_hook": "fp32"}, "strategy.comm_hook=fp32 is not one of: none, fp16, bf16, powersgd"),
         ({"comm_hook": "powersgd", "powersgd_start_iter": 1}, "strategy.powersgd_start_iter=1 must be at least 2"),
         ({"comm_hook": "powersgd", "powersgd_rank": 0}, "strategy.powersgd_rank=0 must be at least 1"),
+        ({"bucket_cap_mb": -1}, r"strategy.bucket_cap_mb=-1 must be a positive size in MiB \(torch's default: 25\)"),
+        ({"bucket_cap_mb": 0}, "strategy.bucket_cap_mb=0 must be a positive size"),
         ({"comm_hook": "fp16", "process_group_backend": "mpi"}, "supported here on the gloo and nccl backends"),
     ],
 )

@@ -202,9 +202,16 @@ def test_a_second_command_into_a_directory_in_use_is_refused(tmp_path):
     holder.start()
     try:
         assert holding.wait(timeout=30)
-        with pytest.raises(ConfigValueError, match=rf"{tmp_path} is in use by another run \(pid {holder.pid}\)"):
+        in_use = rf"{tmp_path} is in use by another run \(pid {holder.pid}\)"
+        with pytest.raises(ConfigValueError, match=in_use):
             with run_dir_lock(tmp_path):
                 pass
+        # The check before launch refuses it too, before Hydra logs into the directory, and writes nothing;
+        # so is a resume in place of the running run.
+        before = sorted(tmp_path.rglob("*"))
+        for resume in ([], ["ckpt_path=last"]):
+            assert re.match(in_use, refused(*CPU, f"hydra.run.dir={tmp_path}", *resume))
+        assert sorted(tmp_path.rglob("*")) == before and (tmp_path / ".lock").read_text() == str(holder.pid)
     finally:
         holder.kill()
         holder.join(timeout=30)

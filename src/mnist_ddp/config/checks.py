@@ -48,7 +48,7 @@ from mnist_ddp.distributed.layout import (
     resolve_devices,
     uses_cuda,
 )
-from mnist_ddp.launch.supervisor import check_rendezvous_address
+from mnist_ddp.launch.supervisor import check_rendezvous_address, check_run_dir_free
 from mnist_ddp.launch.sweep_launcher import hold_sweep
 from mnist_ddp.loggers.trackers import check_tracker_packages
 from mnist_ddp.models.build import build_model
@@ -103,6 +103,7 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
     if job.multirun:
         check_sweep_dir(output_dir, task_overrides(job.command), resume, sweeper)
     else:
+        check_run_dir_free(output_dir)  # a running command's: before Hydra logs into it
         if resume:
             check_resume_in_place(output_dir)
         check_output_dir(output_dir, resume)
@@ -433,7 +434,8 @@ def check_job(cfg: DictConfig, training: bool = True, submitted: bool = False) -
         check_launch_environment(cfg.trainer.num_nodes, devices_per_node)
     world_size = cfg.trainer.num_nodes * devices_per_node
     if training:
-        per_device_batch_size(cfg.data.global_batch_size, world_size, cfg.trainer.accumulate_grad_batches)
+        resume = bool(cfg.get("ckpt_path"))
+        per_device_batch_size(cfg.data.global_batch_size, world_size, cfg.trainer.accumulate_grad_batches, resume)
     check_device_options(
         "cuda" if cuda else "cpu", cfg.strategy.process_group_backend, cfg.trainer.sync_batchnorm, cfg.trainer.precision
     )

@@ -94,17 +94,22 @@ def processes_per_node(accelerator: str, devices: Any) -> int:
     return len(gpus)
 
 
-def per_device_batch_size(global_batch_size: int, world_size: int, accumulate_grad_batches: int = 1) -> int:
+def per_device_batch_size(
+    global_batch_size: int, world_size: int, accumulate_grad_batches: int = 1, resume: bool = False
+) -> int:
     """Samples one process puts through the model per forward/backward pass (one micro-batch).
 
     Args:
         global_batch_size: samples per optimizer step, summed over all processes (``data.global_batch_size``).
         world_size: number of processes (replicas) in the process group, ``num_nodes * devices``.
         accumulate_grad_batches: micro-batches accumulated per optimizer step (``trainer.accumulate_grad_batches``).
+        resume: whether the run resumes from a checkpoint (``ckpt_path``; default False): the message
+            then also names the world sizes that split the global batch, which a resume in place keeps.
 
     Raises:
         BatchSizeError: (a ValueError) if any argument is below 1, or ``global_batch_size`` is not divisible by
-            ``world_size * accumulate_grad_batches``; the message names the nearest valid sizes.
+            ``world_size * accumulate_grad_batches``; the message names the nearest valid sizes (and
+            with ``resume`` the world sizes that split ``global_batch_size``).
     """
     for name, value in [
         ("data.global_batch_size", global_batch_size),
@@ -116,10 +121,24 @@ def per_device_batch_size(global_batch_size: int, world_size: int, accumulate_gr
     split = world_size * accumulate_grad_batches
     if global_batch_size % split:
         lower = max(split, global_batch_size // split * split)
-        raise BatchSizeError(
+        problem = (
             f"data.global_batch_size={global_batch_size} does not split evenly over world_size={world_size} "
-            f"processes x trainer.accumulate_grad_batches={accumulate_grad_batches}: it must be a multiple of "
-            f"{split}. Use data.global_batch_size={lower} or {lower + split}."
+            f"processes x trainer.accumulate_grad_batches={accumulate_grad_batches}: it must be a multiple of {split}."
+        )
+        fix = f"Use data.global_batch_size={lower} or {lower + split}"
+        if not resume:
+            raise BatchSizeError(f"{problem} {fix}.")
+        # A resume in place keeps the run's global batch and accumulation (config/resume.py): then
+        # only the world size can change.
+        fits = [
+            size
+            for size in range(1, global_batch_size + 1)
+            if global_batch_size % (size * accumulate_grad_batches) == 0
+        ]
+        sizes = ", ".join(map(str, fits[:8])) + (", ..." if len(fits) > 8 else "")
+        raise BatchSizeError(
+            f"{problem} {fix}, or, to resume a run in place (it keeps its global batch), a world size "
+            f"(trainer.num_nodes x trainer.devices) of {sizes}."
         )
     return global_batch_size // split
 

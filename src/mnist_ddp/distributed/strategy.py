@@ -57,8 +57,8 @@ class CommHookDDPStrategy(DDPStrategy):
             has that name).
 
     Raises:
-        ConfigValueError: for an unknown hook name, ``powersgd_rank < 1``, ``powersgd_start_iter < 2``,
-            or a hook with a forced backend other than gloo or nccl.
+        ConfigValueError: for an unknown hook name, ``bucket_cap_mb <= 0``, ``powersgd_rank < 1``,
+            ``powersgd_start_iter < 2``, or a hook with a forced backend other than gloo or nccl.
     """
 
     def __init__(
@@ -82,6 +82,11 @@ class CommHookDDPStrategy(DDPStrategy):
         except ValueError:
             allowed = ", ".join(hook.value for hook in CommHook)
             raise ConfigValueError(f"strategy.comm_hook={comm_hook} is not one of: {allowed}.") from None
+        bucket_cap_mb = kwargs.get("bucket_cap_mb")
+        if bucket_cap_mb is not None and not bucket_cap_mb > 0:  # torch takes any number, and bucket 0 or -1 MiB
+            raise ConfigValueError(
+                f"strategy.bucket_cap_mb={bucket_cap_mb:g} must be a positive size in MiB (torch's default: 25)."
+            )
         if powersgd_rank < 1:
             raise ConfigValueError(f"strategy.powersgd_rank={powersgd_rank} must be at least 1.")
         if powersgd_start_iter < 2:

@@ -121,19 +121,44 @@ def run_dir_lock(run_dir: Path) -> Iterator[None]:
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / ".lock", "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            raise ConfigValueError(
-                f"{run_dir} is in use by another run (pid {lock.read().strip() or '?'}): start this one in another "
-                "directory, or wait for that one to end."
-            ) from None
+        _take_run_dir_lock(run_dir, lock)
         lock.seek(0)
         lock.truncate()
         lock.write(str(os.getpid()))
         lock.flush()
         yield
+
+
+def check_run_dir_free(run_dir: Path) -> None:
+    """Refuse a command into ``run_dir`` while another command holds it (:func:`run_dir_lock`),
+    before anything is written: the check before launch, which writes nothing (it takes the lock
+    and lets it go at once). :func:`run_dir_lock` stays the guard for two commands that start at once.
+
+    Raises:
+        ConfigValueError: when another process holds the directory.
+    """
+    try:
+        lock = open(run_dir / ".lock")  # noqa: SIM115 -- closed below; no lock file: nobody holds it
+    except FileNotFoundError:
+        return
+    with lock:
+        _take_run_dir_lock(run_dir, lock)
+
+
+def _take_run_dir_lock(run_dir: Path, lock) -> None:
+    """``flock`` ``lock`` (the open ``run_dir/.lock``) without waiting.
+
+    Raises:
+        ConfigValueError: naming the holder's pid (the file's content) when another process holds it.
+    """
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        raise ConfigValueError(
+            f"{run_dir} is in use by another run (pid {lock.read().strip() or '?'}): start this one in another "
+            "directory, or wait for that one to end."
+        ) from None
 
 
 def write_job_file(run_dir: Path, task: str, cfg: DictConfig, logging_config: DictConfig) -> Path:
