@@ -12,10 +12,11 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, cli_command, cli_env, run_cli, torchrun
+from helpers import REPO, cli_command, cli_env, processes_mentioning, run_cli, torchrun
 
 pytestmark = pytest.mark.processes
 
@@ -69,9 +70,16 @@ def test_a_read_only_log_folder_is_refused(synthetic_data_dir):
         shutil.rmtree(top)
 
 
-@pytest.mark.parametrize(("module", "typo"), [("mnist_ddp.train", "data.global_batch_sze=64"),
-                                             ("mnist_ddp.eval", "trainer.devics=2")])  # fmt: skip
-def test_a_typo_is_refused_before_torch_is_imported(module, typo, tmp_path):
+@pytest.mark.parametrize(
+    ("module", "typo", "error"),
+    [
+        ("mnist_ddp.train", "data.global_batch_sze=64", "Unknown key data.global_batch_sze"),
+        ("mnist_ddp.eval", "trainer.devics=2", "Unknown key trainer.devics"),
+        # A checkpoint path that names no file needs no torch either (core/run_dir.py).
+        ("mnist_ddp.eval", "ckpt_path=/nonexistent/last.ckpt", "ckpt_path=/nonexistent/last.ckpt: no such file."),
+    ],
+)
+def test_a_typo_is_refused_before_torch_is_imported(module, typo, error, tmp_path):
     # The keys are checked with Hydra alone (config/compose.py): torch and Lightning take seconds.
     command = cli_command(typo, log_dir=tmp_path, module=module)
     command[1:1] = ["-X", "importtime"]  # Python lists every module it imports on stderr
@@ -81,7 +89,7 @@ def test_a_typo_is_refused_before_torch_is_imported(module, typo, tmp_path):
     }
     assert "hydra" in imported and "torch" not in imported and "lightning" not in imported
     errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
-    assert result.returncode == 1 and errors[0].startswith(f"Error: Unknown key {typo.split('=')[0]}"), errors
+    assert result.returncode == 1 and errors[0].startswith(f"Error: {error}"), errors
     assert len(errors) == 1 and not list(tmp_path.iterdir()), "one line, nothing written"
 
 
@@ -103,6 +111,10 @@ def test_a_bad_command_line_is_one_line_before_any_process_or_directory(tmp_path
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"Error: {message}")
     assert list(tmp_path.iterdir()) == []
+    deadline = time.time() + 1  # none of its processes (each names its log folder) is left
+    while (left := processes_mentioning(str(tmp_path))) and time.time() < deadline:
+        time.sleep(0.01)
+    assert left == [], "no process left behind"
 
 
 # --- the rendezvous address and the run directory ----------------------------------------------

@@ -25,6 +25,7 @@ from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.core.environment import launcher_rank
 from mnist_ddp.core.errors import UsageError, exit_on_usage_error
 from mnist_ddp.core.lifetime import end_with_parent
+from mnist_ddp.core.run_dir import check_checkpoint_file
 from mnist_ddp.launch.parallel_jobs import SWEEP_ENV
 from mnist_ddp.launch.sweep_summary import failed_jobs
 
@@ -154,6 +155,9 @@ def check_command_line(config_name: str, args: Sequence[str]) -> None:
         UsageError: the first problem found, as one line.
     """
     jobs = composed_jobs(config_name, args)
+    for job in jobs:  # a checkpoint path that names no file, before seconds of imports
+        if job.cfg.get("ckpt_path") not in (None, "last"):
+            check_checkpoint_file(job.cfg.ckpt_path)
     # torch and Lightning, which take seconds to import, only now: the keys are known to be right.
     from mnist_ddp.config.checks import check_jobs
 

@@ -25,8 +25,17 @@ def external_launcher() -> Any | None:
 
 
 def launched_externally() -> bool:
-    """Whether torchrun or SLURM started this process: then it is a worker, and runs the job itself."""
-    return external_launcher() is not None
+    """Whether torchrun or SLURM started this process: then it is a worker, and runs the job itself.
+
+    The answer of :func:`external_launcher`, from the variables its two ``detect()`` read (torch's
+    ``is_torchelastic_launched``: ``TORCHELASTIC_RUN_ID``; Lightning's ``_is_srun_used``:
+    ``SLURM_NTASKS`` unless ``SLURM_JOB_NAME`` is ``bash`` or ``interactive``), without importing
+    Lightning (2.6 s to import): the command asks while it checks the command line, before it
+    needs Lightning. ``tests/core/test_environment.py`` checks that the two agree.
+    """
+    torchelastic = "TORCHELASTIC_RUN_ID" in os.environ
+    srun = "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+    return torchelastic or srun
 
 
 def launcher_rank() -> int:

@@ -1,5 +1,5 @@
 """A run directory as the template leaves it: the job's metrics file and status, its last checkpoint,
-and the command that resumes it."""
+and the command that resumes it; a checkpoint path that names no file."""
 
 import json
 import os
@@ -7,10 +7,29 @@ import shlex
 import sys
 from pathlib import Path
 
+from mnist_ddp.core.errors import CheckpointError
+
 #: The metrics file of a job, in its run directory: the task's metrics, the job's overrides and its status.
 METRICS_FILE = "metrics.json"
 #: Set by a sweep's launcher for its jobs' processes: the sweep's directory (a job resumes by continuing it).
 SWEEP_DIR_ENV = "MNIST_DDP_SWEEP_DIR"
+
+
+def check_checkpoint_file(path: str | Path, key: str = "ckpt_path") -> None:
+    """Refuse a ``key`` (a config key) whose ``path`` is not a file: what a checkpoint's check
+    needs no torch for, so that the command refuses it before it imports torch and Lightning;
+    :func:`mnist_ddp.distributed.checkpoint_io.check_checkpoint` then reads the file.
+
+    Raises:
+        CheckpointError: when ``path`` is a folder or does not exist.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(
+            f"{key}={path} is a folder. Pass a .ckpt file, such as {path}/checkpoints/last.ckpt of a run's directory."
+        )
+    if not path.is_file():
+        raise CheckpointError(f"{key}={path}: no such file. Pass a .ckpt file from a run's checkpoints/ folder.")
 
 
 def resume_command(run_dir: Path | str) -> str:

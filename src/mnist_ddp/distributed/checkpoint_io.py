@@ -19,7 +19,7 @@ from typing_extensions import override
 from mnist_ddp.core.compat import also_save_at_epoch_end, epoch_batches_processed, save_checkpoint_now
 from mnist_ddp.core.errors import CheckpointError, ConfigValueError, first_line
 from mnist_ddp.core.files import atomic_path
-from mnist_ddp.core.run_dir import LAST_CHECKPOINT
+from mnist_ddp.core.run_dir import LAST_CHECKPOINT, check_checkpoint_file
 
 #: How many names of each kind of mismatch a message lists.
 LISTED_KEYS = 6
@@ -46,12 +46,7 @@ def check_checkpoint(path: str | Path, model: nn.Module, key: str = "ckpt_path")
             the message lists the missing and unexpected keys and the other shapes.
     """
     path = Path(path)
-    if path.is_dir():
-        raise CheckpointError(
-            f"{key}={path} is a folder. Pass a .ckpt file, such as {path}/checkpoints/last.ckpt of a run's directory."
-        )
-    if not path.is_file():
-        raise CheckpointError(f"{key}={path}: no such file. Pass a .ckpt file from a run's checkpoints/ folder.")
+    check_checkpoint_file(path, key)
     corrupt = (
         f"{key}={path} cannot be read as a checkpoint (truncated or corrupt: {{}}). "
         "Use another one, such as the run's last.ckpt or the best epoch_<N>.ckpt."
