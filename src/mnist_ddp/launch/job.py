@@ -36,6 +36,7 @@ from mnist_ddp.launch.supervisor import (
     run_dir_lock,
     write_job_file,
 )
+from mnist_ddp.launch.worker import end_process_group
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,10 @@ def run_job(
         # Before the process group forms; under torchrun this process is one of the job's.
         os.environ.update(cfg.launcher.env)
         metrics = task(cfg)
+        # As the supervisor's workers do: a rank that exits with its process group alive while
+        # global rank 0 still draws the test figures was aborted at exit (SIGABRT, "terminate
+        # called without an active exception"), and torchrun failed the whole job.
+        end_process_group()
     else:
         os.environ.update(cfg.launcher.env)  # the workers inherit them
         with run_dir_lock(run_dir):
