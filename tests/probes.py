@@ -15,6 +15,8 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from mnist_ddp.core.lifetime import SUPERVISOR_ENV
+
 
 class SampleRecorder(L.Callback):
     """Appends to ``out_dir/rank<global_rank>_epoch<epoch>.jsonl`` one line per training batch:
@@ -165,7 +167,7 @@ class Fault(L.Callback):
     ``validation`` (a validation step), ``checkpoint`` (while a checkpoint is being made),
     ``test`` (a test step). Actions: ``raise`` (a RuntimeError), ``sigkill`` / ``sigterm`` (this
     process, as the OOM killer or a scheduler would), ``sigkill_supervisor`` /
-    ``sigterm_supervisor`` (the process that started the workers: its parent).
+    ``sigterm_supervisor`` (the template's supervisor, the parent of the workers' forkserver).
     """
 
     def __init__(self, phase: str, rank: int, action: str, marker: str, step: int = 0) -> None:
@@ -181,7 +183,7 @@ class Fault(L.Callback):
         os.replace(partial, self.marker)
         if self.action == "raise":
             raise RuntimeError(f"injected fault in {phase} on rank {self.rank}")
-        target = os.getppid() if self.action.endswith("_supervisor") else os.getpid()
+        target = int(os.environ[SUPERVISOR_ENV]) if self.action.endswith("_supervisor") else os.getpid()
         os.kill(target, signal.SIGKILL if self.action.startswith("sigkill") else signal.SIGTERM)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

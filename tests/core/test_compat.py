@@ -13,6 +13,7 @@ import os
 import pkgutil
 import re
 import socket
+import subprocess
 import sys
 import textwrap
 import warnings
@@ -561,3 +562,18 @@ def test_subclasses_of_library_classes_touch_no_private_name_of_theirs():
         "private names of a library's base class, used or overridden by a subclass (go through "
         "mnist_ddp/core/compat.py, or list an overridden hook in compat.PRIVATE_HOOKS):\n" + "\n".join(found)
     )
+
+
+@pytest.mark.processes
+def test_the_exit_handlers_run_when_asked_once_in_a_process_that_ends_with_os_exit():
+    # A child process: running this one's handlers would end pytest's own.
+    code = textwrap.dedent("""
+        import atexit, os
+        from mnist_ddp.core.compat import run_exit_handlers
+        atexit.register(print, "handler ran")
+        run_exit_handlers()
+        run_exit_handlers()
+        os._exit(0)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (0, "handler ran\n"), changed("atexit._run_exitfuncs", result.stderr)

@@ -175,9 +175,10 @@ def test_a_parallel_sweep_runs_each_job_on_its_own_core_and_continues_after_a_st
             "the others run."
         )
     )
-    # While they ran: each job's command and its DDP process on one core, the two jobs on different ones.
+    # While they ran: each job's command, its workers' forkserver and its DDP process on one core,
+    # the two jobs on different ones.
     one, two = sweep.seen["1"], sweep.seen["2"]
-    assert len(one) == len(two) == 2, sweep.seen
+    assert len(one) == len(two) == 3, sweep.seen
     assert len(set(one.values())) == len(set(two.values())) == 1, sweep.seen
     assert set(one.values()).isdisjoint(two.values()) and all(cores.isdigit() for cores in one.values()), sweep.seen
     assert processes_mentioning(str(sweep.log_dir)) == []

@@ -22,7 +22,7 @@ from mnist_ddp.config.compose import composed_jobs, with_trainer_arguments
 from mnist_ddp.config.resume import in_place_run_dir, override_key, resume_arguments
 from mnist_ddp.config.saved_run import CHECKPOINT_USES, apply_run_settings, run_data_option
 from mnist_ddp.config.schema import CONFIG_DIR, register_configs
-from mnist_ddp.core.environment import launcher_rank
+from mnist_ddp.core.environment import launched_externally, launcher_rank
 from mnist_ddp.core.errors import UsageError, exit_on_usage_error
 from mnist_ddp.core.lifetime import end_with_parent
 from mnist_ddp.core.run_dir import check_checkpoint_file
@@ -55,7 +55,7 @@ def entry_point(
         return run_command(cfg, config_name, task, in_process, objective=result).get(result)
 
     def cli() -> None:
-        run_entry_point(main, config_name)
+        run_entry_point(main, config_name, None if in_process else task.partition(":")[0])
 
     return main, cli
 
@@ -86,14 +86,16 @@ def run_command(cfg: DictConfig, config_name: str, task: str, in_process: bool, 
     return run_job(getattr(importlib.import_module(module), function), cfg, in_process=in_process, objective=objective)
 
 
-def run_entry_point(main: Callable[[], object], config_name: str) -> None:
+def run_entry_point(main: Callable[[], object], config_name: str, task_module: str | None = None) -> None:
     """What ``python -m mnist_ddp.<train|eval|predict|export>`` does.
 
     The command line is checked first (:func:`check_command_line`): a bad one exits with status 1
-    and one line on stderr. ``hydra.run.dir=<a run> ckpt_path=last`` is completed with that run's
-    overrides (:mod:`mnist_ddp.config.resume`). Then ``main`` (Hydra's entry point) runs the job(s);
-    a job whose process failed exits with status 1 and its error, a sweep with a failed job with
-    status 1 after its summary.
+    and one line on stderr. Once its keys are right, the forkserver of a single run's workers
+    starts importing ``task_module`` (the module of the job's task; None for an export, which
+    runs in this process) while this process checks the values. ``hydra.run.dir=<a run>
+    ckpt_path=last`` is completed with that run's overrides (:mod:`mnist_ddp.config.resume`).
+    Then ``main`` (Hydra's entry point) runs the job(s); a job whose process failed exits with
+    status 1 and its error, a sweep with a failed job with status 1 after its summary.
     """
     # Warnings go through logging: tagged with the rank, kept in the job's log file.
     logging.captureWarnings(True)
@@ -106,7 +108,7 @@ def run_entry_point(main: Callable[[], object], config_name: str) -> None:
         sys.argv = [sys.argv[0], *with_trainer_arguments(sys.argv[1:])]
         if config_name in CHECKPOINT_USES:
             sys.argv = [sys.argv[0], *with_data_set_of_run(sys.argv[1:])]
-        check_command_line(config_name, sys.argv[1:])
+        check_command_line(config_name, sys.argv[1:], task_module)
     except UsageError as error:
         print(f"Error: {error}", file=sys.stderr)
         sys.exit(1)
@@ -146,10 +148,13 @@ def with_data_set_of_run(args: Sequence[str]) -> list[str]:
     return [f"data={option}", *data, *args]
 
 
-def check_command_line(config_name: str, args: Sequence[str]) -> None:
+def check_command_line(config_name: str, args: Sequence[str], task_module: str | None = None) -> None:
     """Check every job that ``args`` (Hydra's command-line arguments) would run: its keys and
     types here (:func:`composed_jobs`), then its values
-    (:func:`mnist_ddp.config.checks.check_jobs`).
+    (:func:`mnist_ddp.config.checks.check_jobs`). Between the two, for a single run that starts
+    its workers on this machine, the workers' forkserver starts importing ``task_module``
+    (:func:`mnist_ddp.launch.supervisor.preload_workers`; a sweep's launcher starts it with its
+    first job's workers, when its jobs run in this process).
 
     Raises:
         UsageError: the first problem found, as one line.
@@ -158,6 +163,10 @@ def check_command_line(config_name: str, args: Sequence[str]) -> None:
     for job in jobs:  # a checkpoint path that names no file, before seconds of imports
         if job.cfg.get("ckpt_path") not in (None, "last"):
             check_checkpoint_file(job.cfg.ckpt_path)
+    if task_module is not None and len(jobs) == 1 and not jobs[0].multirun and not launched_externally():
+        from mnist_ddp.launch.supervisor import preload_workers
+
+        preload_workers(task_module)
     # torch and Lightning, which take seconds to import, only now: the keys are known to be right.
     from mnist_ddp.config.checks import check_jobs
 

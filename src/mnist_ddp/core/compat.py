@@ -60,6 +60,12 @@ submitit (``hydra/launcher=slurm``)
       ``submitit.slurm.slurm._make_sbatch_string`` (:func:`submitit_sbatch_script`): the batch script
       an executor submits is written only as it submits (``sbatch``, on a cluster).
 
+Python
+    - ``atexit._run_exitfuncs()`` (:func:`run_exit_handlers`): a process that ``multiprocessing``
+      started (the workers, forked from the forkserver) ends with ``os._exit`` after its function
+      returns, so the ``atexit`` handlers that a normal exit runs do not run (W&B's, which finishes
+      its run and sends its last values); the module has no public call to run them.
+
 OmegaConf
     - ``Node._metadata.ref_type`` (:func:`declared_type`): ``OmegaConf.get_type`` gives a value's
       type, which a node set to null does not have; the type its schema declares has no public API.
@@ -302,3 +308,12 @@ def release_consolidated_state(optimizer: "ZeroRedundancyOptimizer") -> None:
     torch's ``ZeroRedundancyOptimizer._all_state_dicts`` (a list, empty on the other ranks).
     """
     optimizer._all_state_dicts = []
+
+
+def run_exit_handlers() -> None:
+    """Run this process's ``atexit`` handlers now, as the interpreter does at a normal exit (each
+    once: the list is then empty). For a worker forked by ``multiprocessing``, which ends with
+    ``os._exit``."""
+    import atexit
+
+    atexit._run_exitfuncs()

@@ -1,6 +1,7 @@
 """A child process that ends with its parent, however the parent dies: Linux's ``PR_SET_PDEATHSIG``.
 
-A worker ends with its supervisor (:mod:`mnist_ddp.launch.worker`), a job of a parallel sweep with
+A worker ends with the forkserver it was forked from and the forkserver with its supervisor
+(:mod:`mnist_ddp.launch.forkserver_preload`), a job of a parallel sweep with
 the sweep's command (:mod:`mnist_ddp.launch.parallel_jobs`): even a SIGKILLed parent leaves no orphan.
 """
 
@@ -14,6 +15,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+#: Set by the supervisor (:mod:`mnist_ddp.launch.supervisor`) to its pid for the forkserver of its
+#: workers, which ends with it (:mod:`mnist_ddp.launch.forkserver_preload`): its parent's pid, read
+#: before the request to end with it, could already be a reaper's.
+SUPERVISOR_ENV = "MNIST_DDP_SUPERVISOR_PID"
 #: ``prctl`` option: the signal this process gets when its parent dies (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
 

@@ -24,3 +24,18 @@ class RankZeroWarningsFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.name != "py.warnings" or rank_zero_only.rank == 0
+
+
+class AgentFailureFilter(logging.Filter):
+    """Drops the traceback from torch's elastic agent's record of a failed worker (``failed (exitcode: ...)``).
+
+    The agent forks the workers (``start_method="forkserver"``, :mod:`mnist_ddp.launch.supervisor`)
+    and then logs a worker's failure with ``logger.exception``: a traceback of its own polling code,
+    not of the worker's error, which the worker has logged and the supervisor reports in one line.
+    The record's one line stays.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.getMessage().startswith("failed (exitcode"):
+            record.exc_info, record.exc_text = None, None
+        return True

@@ -100,6 +100,7 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
     try:
         launch(
             job_file,
+            task.__module__,
             processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices),
             cfg.launcher.rendezvous_timeout,
             cfg.launcher.shutdown_timeout,

@@ -4,15 +4,23 @@
 the command line, prepares the data, writes the job's resolved config into the run directory, and
 starts ``trainer.devices`` worker processes (:mod:`mnist_ddp.launch.worker`) through torch's elastic agent
 (``torch.distributed.launcher.api``, the agent behind torchrun). The workers run the job; this
-process trains nothing, so it always stays responsive:
+process trains nothing, so it always stays responsive.
+
+The agent forks the workers from a forkserver (``start_method="forkserver"``) that has imported
+the job's modules (:func:`preload_workers`): torch, Lightning and torchmetrics take seconds to
+import, once in the forkserver while this process checks the command's values, instead of once
+per worker after the check. A forkserver, not ``fork`` from this process: it has not touched CUDA
+or started threads (the agent's rendezvous store runs one here), which a forked child would inherit.
+
+How the job ends:
 
 - when any worker fails (an exception, SIGKILL, an OOM kill), the agent notices within 0.1 s and
   stops the others (SIGTERM, then SIGKILL after ``launcher.shutdown_timeout``), and
   :func:`launch` raises :class:`JobFailedError` naming the rank and its error;
 - when this process gets SIGINT or SIGTERM, the agent passes the signal on to the workers, and
   :func:`launch` raises :class:`JobInterrupted`;
-- when this process is SIGKILLed, the kernel sends each worker SIGTERM (``PR_SET_PDEATHSIG``, set
-  by the worker).
+- when this process is SIGKILLed, the kernel sends the forkserver SIGTERM, and the forkserver's
+  end sends each worker SIGTERM (``PR_SET_PDEATHSIG``, set by each).
 
 Why not Lightning's own launcher: it runs global rank 0 in the command's own process and starts
 the other ranks from it; when a child fails, its observer thread SIGKILLs every process it knows,
@@ -28,7 +36,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -40,8 +47,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mnist_ddp.core.errors import ConfigValueError, JobFailedError
 from mnist_ddp.core.files import write_atomically
+from mnist_ddp.core.lifetime import SUPERVISOR_ENV
 from mnist_ddp.distributed.failures import TIMEOUT_PATTERN, describe_failure, root_failure
-from mnist_ddp.launch.worker import STACKS_DIR, SUPERVISOR_ENV
+from mnist_ddp.launch.worker import STACKS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -204,9 +212,32 @@ def resolve_hydra_interpolations(cfg: DictConfig) -> dict:
     return resolve(cfg, OmegaConf.to_container(cfg, resolve=False))
 
 
-def launch(job_file: Path, nproc_per_node: int, rendezvous_timeout: float, shutdown_timeout: float) -> None:
-    """Run ``python -m mnist_ddp.launch.worker <job_file>`` in ``nproc_per_node`` processes on this machine,
-    under torch's elastic agent, and wait for all of them.
+def preload_workers(task_module: str) -> None:
+    """Start the forkserver that the job's workers are forked from, importing ``task_module`` (the
+    job's task: ``mnist_ddp.run.train``, with torch and Lightning) after
+    :mod:`mnist_ddp.launch.forkserver_preload`; it returns at once. The command calls it right
+    after the key check, so that the imports overlap its value checks; :func:`launch` calls it
+    again (nothing happens when the forkserver runs). The forkserver ends with this process.
+
+    A forkserver's environment is this process's now: the workers take this process's environment
+    when they are launched (:func:`mnist_ddp.launch.worker.run`).
+    """
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    os.environ[SUPERVISOR_ENV] = str(os.getpid())
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        ["mnist_ddp.launch.forkserver_preload", task_module]
+    )
+    forkserver.ensure_running()
+
+
+def launch(
+    job_file: Path, task_module: str, nproc_per_node: int, rendezvous_timeout: float, shutdown_timeout: float
+) -> None:
+    """Run :func:`mnist_ddp.launch.worker.run` of ``job_file`` in ``nproc_per_node`` processes on this
+    machine, forked from the forkserver that imported ``task_module`` (:func:`preload_workers`), under
+    torch's elastic agent, and wait for all of them.
 
     Args:
         job_file: from :func:`write_job_file`.
@@ -224,6 +255,9 @@ def launch(job_file: Path, nproc_per_node: int, rendezvous_timeout: float, shutd
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from mnist_ddp.launch.worker import run
+
+    preload_workers(task_module)
     address, port = os.environ.get("MASTER_ADDR") or "localhost", os.environ.get("MASTER_PORT") or "0"
     with tempfile.TemporaryDirectory(prefix="mnist-ddp-errors-") as error_dir:
         config = LaunchConfig(
@@ -237,14 +271,13 @@ def launch(job_file: Path, nproc_per_node: int, rendezvous_timeout: float, shutd
             rdzv_configs={"timeout": int(rendezvous_timeout)},
             max_restarts=0,
             monitor_interval=0.1,
+            start_method="forkserver",
             shutdown_timeout=int(shutdown_timeout),
             # error.json of each worker (torch's ErrorHandler, written by mnist_ddp.launch.worker); no redirects.
             logs_specs=DefaultLogsSpecs(log_dir=error_dir),
         )
-        # The agent copies this process's environment into each worker's.
-        os.environ[SUPERVISOR_ENV] = str(os.getpid())
         try:
-            elastic_launch(config, sys.executable)("-m", "mnist_ddp.launch.worker", str(job_file))
+            elastic_launch(config, run)(str(job_file), dict(os.environ))
         except ChildFailedError as failed:
             rank, failure = root_failure(failed.failures)
             raise JobFailedError(rank, failure.exitcode, describe_failure(failure)) from None

@@ -1,10 +1,12 @@
 """One DDP process of a job that the supervisor started (:mod:`mnist_ddp.launch.supervisor`).
 
-``python -m mnist_ddp.launch.worker <run dir>/.hydra/job.yaml``: torch's elastic agent starts one per
-device, with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, so
-Lightning sees a ``TorchElasticEnvironment`` and starts no process itself. The worker reads the
-job's config and logging config from the job file and runs the job's task
-(``mnist_ddp.run.train:fit_and_test``, ``mnist_ddp.run.evaluate:evaluate``).
+:func:`run` with ``<run dir>/.hydra/job.yaml``: torch's elastic agent forks one per device from the
+job's forkserver (:mod:`mnist_ddp.launch.forkserver_preload`, which has imported the task's
+modules), with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, so
+Lightning sees a ``TorchElasticEnvironment`` and starts no process itself. In ``ps`` it reads
+``mnist_ddp.launch.worker <job file> (rank <r>)``. The worker reads the job's config and logging
+config from the job file and runs the job's task (``mnist_ddp.run.train:fit_and_test``,
+``mnist_ddp.run.evaluate:evaluate``).
 
 Every way a worker can end is bounded:
 
@@ -16,7 +18,8 @@ Every way a worker can end is bounded:
   collective timed out: see :func:`mnist_ddp.launch.supervisor.collect_stacks`), and a watchdog thread ends
   the process after ``launcher.shutdown_timeout`` seconds if it is still blocked (in a collective,
   a rendezvous: C++ code where Python's signal handlers cannot run);
-- the supervisor's death (even SIGKILL) sends the worker SIGTERM (Linux ``PR_SET_PDEATHSIG``).
+- the supervisor's death (even SIGKILL) ends the forkserver, and the forkserver's death sends the
+  worker SIGTERM (Linux ``PR_SET_PDEATHSIG``, both).
 """
 
 import faulthandler
@@ -33,23 +36,64 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from mnist_ddp.core.compat import run_exit_handlers
 from mnist_ddp.core.lifetime import end_with_parent
 
 log = logging.getLogger(__name__)
 
-#: Set in each worker's environment by the supervisor: its pid.
-SUPERVISOR_ENV = "MNIST_DDP_SUPERVISOR_PID"
 #: Where in the run directory each worker writes its stacks when it is stopped (``rank<r>.txt``).
 STACKS_DIR = ".stacks"
+#: Seconds a worker that only lost another process of the job (a collective's lost connection)
+#: waits before it exits, so that the supervisor names the process that was lost.
+CONSEQUENCE_DELAY = 1.0
 
 
-def end_with_supervisor() -> None:
-    """Have the kernel send this process SIGTERM when the supervisor dies, however it dies.
+def run(job_file: str, environ: dict[str, str]) -> None:
+    """What torch's elastic agent runs in each worker: :func:`main`, in the supervisor's environment.
+
+    Args:
+        job_file: the job file (:func:`mnist_ddp.launch.supervisor.write_job_file`).
+        environ: the supervisor's environment when it launched the workers (the job's
+            ``launcher.env`` among it). The forkserver's own is older, from before the command's
+            values were checked; the agent's variables for this rank are kept over it.
 
     Raises:
-        SystemExit: if the supervisor is already gone (it died before the request took effect).
+        RuntimeError: when the process was not forked from the job's forkserver.
+        SystemExit: 128 + SIGTERM at once, when the forkserver is already gone.
     """
-    end_with_parent(int(os.environ[SUPERVISOR_ENV]), "supervisor")
+    from mnist_ddp.launch import forkserver_preload
+
+    if forkserver_preload.FORKSERVER_PID == os.getpid():  # imported here, not inherited from the forkserver
+        raise RuntimeError("mnist_ddp.launch.worker.run runs in a process forked from the job's forkserver only")
+    # First, as the worker's life starts: a stop signal ends it quietly, and so does the forkserver's end.
+    end_quietly_until_started()
+    end_with_parent(forkserver_preload.FORKSERVER_PID, "forkserver")
+    import torch.distributed
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+    from setproctitle import setproctitle
+
+    agent = {key: value for key, value in os.environ.items() if forkserver_preload.ENVIRON.get(key) != value}
+    os.environ.clear()
+    os.environ.update({**environ, **agent})
+    # What the forkserver's imports read from its older environment, read again from this one:
+    # Lightning the rank (in the forkserver, rank 0), torch.distributed TORCH_DISTRIBUTED_DEBUG
+    # (debug=ddp sets it through launcher.env, which the supervisor applies after the forkserver starts).
+    rank_zero_only.rank = int(os.environ["RANK"])
+    torch.distributed.set_debug_level_from_env()
+    # multiprocessing makes a process started by a forkserver start its own children through a
+    # forkserver too (spawn.prepare sets the parent's start method): the DataLoader's workers then
+    # came from a second forkserver, started by this process, which outlived it (an orphan that
+    # held the command's output open). Back to Linux's default, as a worker started by a command has.
+    import multiprocessing
+
+    multiprocessing.set_start_method("fork", force=True)
+    setproctitle(f"mnist_ddp.launch.worker {job_file} (rank {os.environ['RANK']})")
+    try:
+        main(job_file)
+    finally:
+        # multiprocessing ends this process with os._exit: the exit handlers a command's process
+        # runs (W&B's finishes its run, with the test's values) would not run.
+        run_exit_handlers()
 
 
 class TerminationWatchdog:
@@ -136,12 +180,13 @@ def end_process_group() -> None:
         dist.destroy_process_group()
 
 
-def main() -> None:
-    """Run the job file's task in this process; see the module's docstring for how it ends."""
-    # First, before the imports of torch and Lightning (seconds): a supervisor killed meanwhile
-    # must take this process with it.
-    end_quietly_until_started()
-    end_with_supervisor()
+def main(job_file: str) -> None:
+    """Run the task of ``job_file`` in this process; see the module's docstring for how it ends.
+
+    Raises:
+        SystemExit: 1 when the task failed (recorded in torch's error file), 128 + the signal when
+            it was stopped.
+    """
     from omegaconf import OmegaConf
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
@@ -149,7 +194,7 @@ def main() -> None:
     from mnist_ddp.core.errors import UsageError
     from mnist_ddp.distributed.failures import PEER_LOST_PATTERN, TIMEOUT_PATTERN
 
-    job = OmegaConf.load(sys.argv[1])
+    job = OmegaConf.load(job_file)
     # The job's config as a root of its own: its interpolations (${seed}) resolve against it.
     config = OmegaConf.create(OmegaConf.to_container(job.config))
     logging.config.dictConfig(OmegaConf.to_container(job.logging))
@@ -185,8 +230,9 @@ def main() -> None:
         if TIMEOUT_PATTERN.search(str(error)):
             write_stacks(Path(config.paths.output_dir) / f"hang-rank{rank}.txt", error)
         record_atomically(ErrorHandler(), error)
+        if PEER_LOST_PATTERN.search(str(error)):
+            # The agent reports the first failure it sees (start_method="forkserver": one, not all):
+            # the rank that was lost must end first, not this consequence of it. The agent polls
+            # every 0.1 s and then stops this process (SIGTERM) anyway.
+            time.sleep(CONSEQUENCE_DELAY)
         sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

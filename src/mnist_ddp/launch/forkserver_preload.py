@@ -1,0 +1,41 @@
+"""Imported first in the job's forkserver, the process that every worker is forked from.
+
+The supervisor starts the forkserver (:func:`mnist_ddp.launch.supervisor.preload_workers`) as soon
+as the command's keys are checked. It imports this module and then the job's task module (torch,
+Lightning, torchmetrics, the model and the data: seconds), while the supervisor checks the values;
+torch's elastic agent then forks each worker from it (``start_method="forkserver"``), so that no
+worker imports them again. Python's ``multiprocessing`` runs the forkserver; this module only makes
+it end with the supervisor and records what a worker needs to tell its environment apart:
+
+- the kernel sends the forkserver SIGTERM when the supervisor dies, however it dies (a refused
+  command exits while the forkserver may still be importing);
+- Ctrl-C (SIGINT to the terminal's whole process group) ends it quietly while it imports: the
+  supervisor answers the Ctrl-C, and a traceback from inside an import would only confuse;
+- its command line in ``ps`` names the supervisor's, so that a leftover one would be found with it.
+"""
+
+import os
+import signal
+from pathlib import Path
+
+from setproctitle import setproctitle
+
+from mnist_ddp.core.lifetime import SUPERVISOR_ENV, end_with_parent
+
+#: The forkserver's pid: each worker forked from it ends with it (:func:`mnist_ddp.launch.worker.run`).
+FORKSERVER_PID = os.getpid()
+#: This process's environment before the job's modules are imported. A worker forked from it
+#: takes the supervisor's environment at launch, plus what differs from this: the variables the
+#: agent sets for its rank (``RANK``, ``MASTER_PORT``, ...) and those the imports set.
+ENVIRON = dict(os.environ)
+
+# In the forkserver only: not in the supervisor, nor where a tool imports every module (tests/core).
+if os.environ.get(SUPERVISOR_ENV, str(os.getpid())) != str(os.getpid()):
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
+    _supervisor = int(os.environ[SUPERVISOR_ENV])
+    end_with_parent(_supervisor, "supervisor")
+    try:
+        _command = Path(f"/proc/{_supervisor}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:  # not Linux's /proc: the title is only for ps
+        _command = ""
+    setproctitle(f"mnist_ddp forkserver of pid {_supervisor}: {_command.strip()}")
