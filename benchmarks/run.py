@@ -134,14 +134,44 @@ def read_figures(program: str, run_dir: Path, start_unix: float, e2e_s: float) -
 
 
 #: Command lines refused before any process starts, timed from the command's start to its exit:
-#: (entry point, overrides, the refusal's kind). ``{work}`` is the harness's work folder.
+#: (entry point, overrides, the refusal's kind, the start of its error). ``{work}`` is the harness's
+#: work folder, ``{files}`` a folder of placeholder files there: ``last.ckpt`` and ``last.onnx``
+#: (refused before their contents are read, as the error's start shows).
 REFUSALS = {
-    "model.optimizer.lr=-1": ("mnist_ddp.train", ["model.optimizer.lr=-1"], "value"),
-    "trainer.devices=0": ("mnist_ddp.train", ["trainer.accelerator=cpu", "trainer.devices=0"], "value"),
-    "data.val_size=70000": ("mnist_ddp.train", ["data.val_size=70000"], "value"),
-    "eval ckpt_path=<missing file>": ("mnist_ddp.eval", ["ckpt_path={work}/missing.ckpt"], "input"),
-    "model.optimizr.lr=0.1 (a typo)": ("mnist_ddp.train", ["model.optimizr.lr=0.1"], "key"),
+    "model.optimizer.lr=-1": ("mnist_ddp.train", ["model.optimizer.lr=-1"], "value", "model.optimizer: Invalid"),
+    "trainer.devices=0": (
+        "mnist_ddp.train",
+        ["trainer.accelerator=cpu", "trainer.devices=0"],
+        "value",
+        "trainer.devices=0",
+    ),
+    "data.val_size=70000": ("mnist_ddp.train", ["data.val_size=70000"], "value", "data.val_size=70000"),
+    "eval ckpt_path=<missing file>": (
+        "mnist_ddp.eval",
+        ["ckpt_path={work}/missing.ckpt"],
+        "input",
+        "ckpt_path={work}/missing.ckpt: no such file",
+    ),
+    "predict input=<missing folder>": (
+        "mnist_ddp.predict",
+        ["ckpt_path={files}/last.ckpt", "input={work}/missing"],
+        "input",
+        "input={work}/missing: no such file or folder",
+    ),
+    "export output=<existing file>": (
+        "mnist_ddp.export",
+        ["ckpt_path={files}/last.ckpt", "format=onnx"],
+        "input",
+        "output={files}/last.onnx exists",
+    ),
+    "model.optimizr.lr=0.1 (a typo)": (
+        "mnist_ddp.train",
+        ["model.optimizr.lr=0.1"],
+        "key",
+        "Unknown key model.optimizr",
+    ),
 }
+
 #: The longest each kind of refusal may take, in seconds (issue 30's targets).
 REFUSAL_TARGETS_S = {"value": 3.0, "input": 3.0, "key": 1.0}
 
@@ -152,21 +182,27 @@ def measure_refusals(data_dir: Path, work: Path, runs: int) -> dict[str, list[fl
 
     Raises:
         RuntimeError: when a command is not refused as the template refuses (exit status 1, one
-            ``Error:`` line on stderr, nothing written into its log folder).
+            ``Error:`` line on stderr that starts as :data:`REFUSALS` says, nothing written into its log folder).
     """
     seconds: dict[str, list[float]] = {name: [] for name in REFUSALS}
+    files = work / "refusal-files"
+    files.mkdir(parents=True, exist_ok=True)
+    for name in ("last.ckpt", "last.onnx"):
+        (files / name).write_bytes(b"a placeholder, never read")
     for _ in range(runs):
-        for name, (module, overrides, _kind) in REFUSALS.items():
+        for name, (module, overrides, _kind, error) in REFUSALS.items():
             log_dir = work / "refusals"
             args = [f"data.data_dir={data_dir}", f"paths.log_dir={log_dir}"]
-            args += [override.format(work=work) for override in overrides]
+            args += [override.format(work=work, files=files) for override in overrides]
             start = time.perf_counter()
             done = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=harness_env(),
                                   capture_output=True, text=True, timeout=300)  # fmt: skip
             seconds[name].append(time.perf_counter() - start)
             lines = done.stderr.strip().splitlines()
-            if done.returncode != 1 or len(lines) != 1 or not lines[0].startswith("Error: ") or log_dir.exists():
-                raise RuntimeError(f"{name} was not refused in one line:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+            expected = f"Error: {error.format(work=work, files=files)}"
+            if done.returncode != 1 or len(lines) != 1 or not lines[0].startswith(expected) or log_dir.exists():
+                output = done.stdout[-2000:] + done.stderr[-3000:]
+                raise RuntimeError(f"{name} was not refused in one line starting {expected!r}:\n{output}")
     return seconds
 
 

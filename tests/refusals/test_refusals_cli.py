@@ -71,17 +71,26 @@ def test_a_read_only_log_folder_is_refused(synthetic_data_dir):
 
 
 @pytest.mark.parametrize(
-    ("module", "typo", "error"),
+    ("module", "typos", "error"),
     [
-        ("mnist_ddp.train", "data.global_batch_sze=64", "Unknown key data.global_batch_sze"),
-        ("mnist_ddp.eval", "trainer.devics=2", "Unknown key trainer.devics"),
-        # A checkpoint path that names no file needs no torch either (core/run_dir.py).
-        ("mnist_ddp.eval", "ckpt_path=/nonexistent/last.ckpt", "ckpt_path=/nonexistent/last.ckpt: no such file."),
+        ("mnist_ddp.train", ["data.global_batch_sze=64"], "Unknown key data.global_batch_sze"),
+        ("mnist_ddp.eval", ["trainer.devics=2"], "Unknown key trainer.devics"),
+        # Paths that name nothing need no torch either (config/command_line.check_paths): a
+        # checkpoint (also through ${hydra:...}, resolved as in the job), a prediction's input, an
+        # export's output that exists. {files} holds a .ckpt and a .onnx file.
+        ("mnist_ddp.eval", ["ckpt_path=/nonexistent/last.ckpt"], "ckpt_path=/nonexistent/last.ckpt: no such file."),
+        ("mnist_ddp.eval", ["ckpt_path=${{hydra:runtime.cwd}}/no.ckpt"], f"ckpt_path={REPO}/no.ckpt: no such file."),
+        ("mnist_ddp.predict", ["ckpt_path={files}/last.ckpt", "input={files}/none"], "input={files}/none: no such"),
+        ("mnist_ddp.export", ["ckpt_path={files}/last.ckpt", "format=onnx"], "output={files}/last.onnx exists"),
     ],
 )
-def test_a_typo_is_refused_before_torch_is_imported(module, typo, error, tmp_path):
+def test_a_typo_is_refused_before_torch_is_imported(module, typos, error, tmp_path):
     # The keys are checked with Hydra alone (config/compose.py): torch and Lightning take seconds.
-    command = cli_command(typo, log_dir=tmp_path, module=module)
+    files, log_dir = tmp_path / "files", tmp_path / "logs"
+    files.mkdir()
+    for name in ("last.ckpt", "last.onnx"):  # their contents are read only after torch is imported
+        (files / name).write_bytes(b"not read")
+    command = cli_command(*(typo.format(files=files) for typo in typos), log_dir=log_dir, module=module)
     command[1:1] = ["-X", "importtime"]  # Python lists every module it imports on stderr
     result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
     imported = {
@@ -89,8 +98,9 @@ def test_a_typo_is_refused_before_torch_is_imported(module, typo, error, tmp_pat
     }
     assert "hydra" in imported and "torch" not in imported and "lightning" not in imported
     errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
-    assert result.returncode == 1 and errors[0].startswith(f"Error: {error}"), errors
-    assert len(errors) == 1 and not list(tmp_path.iterdir()), "one line, nothing written"
+    assert result.returncode == 1 and errors[0].startswith(f"Error: {error.format(files=files)}"), errors
+    assert len(errors) == 1 and not log_dir.exists(), "one line, nothing written"
+    assert sorted(path.name for path in files.iterdir()) == ["last.ckpt", "last.onnx"]
 
 
 # --- a refused command line -------------------------------------------------------------------

@@ -5,6 +5,7 @@ one caught). The commands themselves run in ``tests/run/test_predict_export_cli.
 
 import csv
 import gzip
+import importlib.util
 import os
 from functools import partial
 
@@ -28,7 +29,8 @@ from mnist_ddp.data.spec import DataSpec
 from mnist_ddp.models.classifier import MNISTClassifier
 from mnist_ddp.models.networks import CNN
 from mnist_ddp.run import export
-from mnist_ddp.run.export import PixelClassifier, check_exported, check_exporter, export_model, load_exported
+from mnist_ddp.run.export import PixelClassifier, check_exported, export_model, load_exported
+from mnist_ddp.run.export_format import SUFFIXES, check_exporter, check_output
 from mnist_ddp.run.predict import COLUMNS, in_input_order, write_predictions
 
 DIGITS = [str(digit) for digit in range(10)]
@@ -203,7 +205,7 @@ def module() -> MNISTClassifier:
 def test_an_exported_model_computes_the_modules_logits_and_a_changed_one_is_caught(
     export_format, module, test_pixels, tmp_path
 ):
-    path = tmp_path / f"model{export.SUFFIXES[export_format]}"
+    path = tmp_path / f"model{SUFFIXES[export_format]}"
     images = test_pixels.unsqueeze(1)
     export_model(PixelClassifier(module.net, MNIST).eval(), export_format, path, images, DIGITS)
     with torch.no_grad():
@@ -245,7 +247,7 @@ def test_an_export_never_replaces_a_file_and_names_a_missing_package(tmp_path, m
         temporary.write_bytes(b"new")
     assert existing.read_bytes() == b"earlier" and os.listdir(tmp_path) == ["model.onnx"]
     with pytest.raises(ConfigValueError, match=r"output=.*model.onnx exists, and an export never overwrites a file"):
-        export.check_output(existing)
+        check_output(existing)
     with atomic_path(tmp_path / "other.onnx", suffix=".onnx", replace=False) as temporary:
         temporary.write_bytes(b"new")
     assert (tmp_path / "other.onnx").read_bytes() == b"new" and sorted(os.listdir(tmp_path)) == [
@@ -254,10 +256,8 @@ def test_an_export_never_replaces_a_file_and_names_a_missing_package(tmp_path, m
     ]
 
     check_exporter(ExportFormat.onnx)  # installed here (the dev extra)
-    find_spec = export.importlib.util.find_spec
-    monkeypatch.setattr(
-        export.importlib.util, "find_spec", lambda name: None if name == "onnxscript" else find_spec(name)
-    )
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "onnxscript" else find_spec(name))
     with pytest.raises(
         ExportError, match=r"format=onnx needs .* onnxscript is not installed: pip install 'mnist-ddp\[export\]'"
     ):

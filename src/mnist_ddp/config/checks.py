@@ -3,7 +3,8 @@
 Hydra makes the run directory before it calls the task function, and the job's processes start
 after that. A bad command line is refused before both, as one line that names the key, what is
 wrong, and what is allowed. Its keys and types are checked first, without torch or Lightning
-(:mod:`mnist_ddp.config.compose`); then, for each job of the command line (a ``-m`` sweep
+(:mod:`mnist_ddp.config.compose`), and so are the paths that name nothing
+(:func:`mnist_ddp.config.command_line.check_paths`); then, for each job of the command line (a ``-m`` sweep
 expands into several):
 
 1. the objects that are cheap to build are built, so that their own checks run: DataModule,
@@ -13,7 +14,7 @@ expands into several):
    (backend, SyncBatchNorm, precision);
 3. the checkpoint (``ckpt_path``), the data set (fetched first when missing), the log folder
    (writable) and the run directory (not an earlier run's) are checked; so are a prediction's
-   inputs (every image decoded) and an export's output (not there yet, its packages installed).
+   inputs (every image decoded) and an export's output folder (writable).
 """
 
 import io
@@ -53,7 +54,7 @@ from mnist_ddp.launch.sweep_launcher import hold_sweep
 from mnist_ddp.loggers.trackers import check_tracker_packages
 from mnist_ddp.models.build import build_model
 from mnist_ddp.models.optimization import build_lr_scheduler
-from mnist_ddp.run.export import check_exporter, check_output, output_path
+from mnist_ddp.run.export_format import output_path
 
 #: The entry points that apply a training run's checkpoint instead of training, with what each
 #: does with it (for the messages): they take the model and the data set of the checkpoint's run.
@@ -475,8 +476,9 @@ def _one_line(group: str, node: DictConfig, error: InstantiationException) -> Us
 
 def check_export_job(cfg: DictConfig) -> L.LightningDataModule:
     """Build the data set of one export job (:func:`build_groups`; its model: :func:`check_model`)
-    and check its output: the packages of its format installed, the file not there yet (an export
-    never overwrites one), its folder and ``paths.log_dir`` writable.
+    and check that its output's folder and ``paths.log_dir`` are writable (the packages of its
+    format and that the file is not there yet were checked before torch was imported:
+    :func:`mnist_ddp.config.command_line.check_paths`).
 
     Returns:
         The DataModule it built, for the model's check.
@@ -485,10 +487,8 @@ def check_export_job(cfg: DictConfig) -> L.LightningDataModule:
         UsageError: the first problem found, as one line.
     """
     built = build_groups(cfg, ("data",))
-    check_exporter(cfg.format)
-    output = output_path(cfg.ckpt_path, cfg.format, cfg.output)
-    check_output(output)
-    check_writable("output", output.parent)
+    # Its format's packages and that the file is not there yet: checked before torch (command_line.check_paths).
+    check_writable("output", output_path(cfg.ckpt_path, cfg.format, cfg.output).parent)
     check_writable("paths.log_dir", Path(cfg.paths.log_dir))
     return built["data"]
 

@@ -26,8 +26,10 @@ from mnist_ddp.core.environment import launched_externally, launcher_rank
 from mnist_ddp.core.errors import UsageError, exit_on_usage_error
 from mnist_ddp.core.lifetime import end_with_parent
 from mnist_ddp.core.run_dir import check_checkpoint_file
+from mnist_ddp.data.input_path import check_input_path
 from mnist_ddp.launch.parallel_jobs import SWEEP_ENV
 from mnist_ddp.launch.sweep_summary import failed_jobs
+from mnist_ddp.run.export_format import check_exporter, check_output, output_path
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +152,7 @@ def with_data_set_of_run(args: Sequence[str]) -> list[str]:
 
 def check_command_line(config_name: str, args: Sequence[str], task_module: str | None = None) -> None:
     """Check every job that ``args`` (Hydra's command-line arguments) would run: its keys and
-    types here (:func:`composed_jobs`), then its values
+    types here (:func:`composed_jobs`) and its paths (:func:`check_paths`), then its values
     (:func:`mnist_ddp.config.checks.check_jobs`). Between the two, for a single run that starts
     its workers on this machine, the workers' forkserver starts importing ``task_module``
     (:func:`mnist_ddp.launch.supervisor.preload_workers`; a sweep's launcher starts it with its
@@ -160,9 +162,8 @@ def check_command_line(config_name: str, args: Sequence[str], task_module: str |
         UsageError: the first problem found, as one line.
     """
     jobs = composed_jobs(config_name, args)
-    for job in jobs:  # a checkpoint path that names no file, before seconds of imports
-        if job.cfg.get("ckpt_path") not in (None, "last"):
-            check_checkpoint_file(job.cfg.ckpt_path)
+    for job in jobs:
+        check_paths(config_name, job.cfg)
     if task_module is not None and len(jobs) == 1 and not jobs[0].multirun and not launched_externally():
         from mnist_ddp.launch.supervisor import preload_workers
 
@@ -171,3 +172,24 @@ def check_command_line(config_name: str, args: Sequence[str], task_module: str |
     from mnist_ddp.config.checks import check_jobs
 
     check_jobs(config_name, jobs)
+
+
+def check_paths(config_name: str, cfg: DictConfig) -> None:
+    """Refuse, before torch and Lightning are imported (seconds), the paths of a job of
+    ``python -m mnist_ddp.<config_name>`` that need no torch to refuse: a checkpoint that names no
+    file, a prediction's ``input`` that names nothing, an export's output that exists or its
+    format's packages missing. What is in the files is checked with the values
+    (:func:`mnist_ddp.config.checks.check_jobs`).
+
+    Raises:
+        UsageError: the first problem found, as one line.
+    """
+    HydraConfig.instance().set_config(cfg)  # a path's ${hydra:runtime.cwd} resolves as in the job
+    checkpoint = cfg.get("ckpt_path")
+    if checkpoint not in (None, "last"):
+        check_checkpoint_file(checkpoint)
+    if config_name == "predict":
+        check_input_path(cfg.input)
+    elif config_name == "export":
+        check_exporter(cfg.format)
+        check_output(output_path(checkpoint, cfg.format, cfg.output))

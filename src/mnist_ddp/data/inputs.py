@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from mnist_ddp.data.idx import IMAGES_KIND, check_idx_file, read_idx_file
 from mnist_ddp.data.images import IMAGE_SUFFIXES, converted, decode_image_file, is_image_file, resized
+from mnist_ddp.data.input_path import check_input_path
 from mnist_ddp.data.spec import DataSpec
 
 
@@ -41,10 +42,7 @@ def list_inputs(path: Path) -> list[str]:
             image by its suffix nor an IDX images file (named, with what it holds).
     """
     path = Path(path)
-    if not path.exists():
-        raise DataNotAvailableError(
-            f"input={path}: no such file or folder. Pass a folder of PNG or JPEG images, or an IDX images file."
-        )
+    check_input_path(path)
     try:
         if path.is_dir():
             files = sorted(file.relative_to(path).as_posix() for file in path.rglob("*") if file.is_file())

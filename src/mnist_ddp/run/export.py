@@ -28,7 +28,6 @@ never over an existing file (:func:`mnist_ddp.core.files.atomic_path`). A run di
 the format, the difference found).
 """
 
-import importlib.util
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -39,19 +38,15 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from mnist_ddp.core.errors import ConfigValueError, ExportError
+from mnist_ddp.core.errors import ExportError
 from mnist_ddp.core.files import atomic_path
 from mnist_ddp.data.base import first_pixels
 from mnist_ddp.data.spec import DataSpec, checkpoint_data_spec, normalize_pixels
 from mnist_ddp.models.build import build_model
-from mnist_ddp.run.export_format import ExportFormat
+from mnist_ddp.run.export_format import SUFFIXES, ExportFormat, check_output, output_path
 
 log = logging.getLogger(__name__)
 
-#: The file name suffix of each format, for the default output beside the checkpoint.
-SUFFIXES = {ExportFormat.onnx: ".onnx", ExportFormat.torch_export: ".pt2"}
-#: The packages each format needs beyond the project's own dependencies: the ``export`` extra.
-PACKAGES = {ExportFormat.onnx: ("onnx", "onnxruntime", "onnxscript"), ExportFormat.torch_export: ()}
 #: How many of the data set's test images the exported file is checked on.
 CHECK_IMAGES = 64
 #: The largest absolute difference between the file's logits and the LightningModule's it accepts.
@@ -84,40 +79,6 @@ class PixelClassifier(nn.Module):
     def forward(self, images: Tensor) -> Tensor:
         """``(N, C, H, W)`` uint8 pixels -> ``(N, num_classes)`` float32 logits."""
         return self.net(normalize_pixels(images, self.mean, self.std))
-
-
-def output_path(ckpt_path: str, export_format: ExportFormat, output: str | None) -> Path:
-    """Where the exported file goes: ``output`` when given, else beside the checkpoint, its name with
-    the format's suffix (:data:`SUFFIXES`)."""
-    return Path(output) if output is not None else Path(ckpt_path).with_suffix(SUFFIXES[export_format])
-
-
-def check_exporter(export_format: ExportFormat) -> None:
-    """Refuse a format whose packages (:data:`PACKAGES`, the ``export`` extra) are not installed,
-    found without importing them.
-
-    Raises:
-        ExportError: naming the missing packages and the extra that installs them.
-    """
-    if missing := [name for name in PACKAGES[export_format] if importlib.util.find_spec(name) is None]:
-        raise ExportError(
-            f"format={export_format.value} needs the packages {', '.join(PACKAGES[export_format])}, and "
-            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
-            "pip install 'mnist-ddp[export]' (or format=torch_export, which needs nothing more)."
-        )
-
-
-def check_output(path: Path) -> None:
-    """Refuse an output path that exists: an export never replaces a file.
-
-    Raises:
-        ConfigValueError: naming it and the ways on.
-    """
-    if path.exists() or path.is_symlink():
-        raise ConfigValueError(
-            f"output={path} exists, and an export never overwrites a file. Give another output=<file>, "
-            "or move that one away first."
-        )
 
 
 def export_model(

@@ -1,7 +1,12 @@
-"""The formats ``python -m mnist_ddp.export`` writes (the schema's ``format``), apart from the
-exporter (:mod:`mnist_ddp.run.export`) so that the schema reads them without importing torch."""
+"""The formats ``python -m mnist_ddp.export`` writes (the schema's ``format``) and the file each
+writes, apart from the exporter (:mod:`mnist_ddp.run.export`) so that the schema reads them, and
+the command checks the output and the format's packages, without importing torch (seconds)."""
 
+import importlib.util
 from enum import Enum
+from pathlib import Path
+
+from mnist_ddp.core.errors import ConfigValueError, ExportError
 
 
 class ExportFormat(str, Enum):
@@ -11,3 +16,43 @@ class ExportFormat(str, Enum):
 
     onnx = "onnx"
     torch_export = "torch_export"
+
+
+#: The file name suffix of each format, for the default output beside the checkpoint.
+SUFFIXES = {ExportFormat.onnx: ".onnx", ExportFormat.torch_export: ".pt2"}
+#: The packages each format needs beyond the project's own dependencies: the ``export`` extra.
+PACKAGES = {ExportFormat.onnx: ("onnx", "onnxruntime", "onnxscript"), ExportFormat.torch_export: ()}
+
+
+def output_path(ckpt_path: str, export_format: ExportFormat, output: str | None) -> Path:
+    """Where the exported file goes: ``output`` when given, else beside the checkpoint, its name with
+    the format's suffix (:data:`SUFFIXES`)."""
+    return Path(output) if output is not None else Path(ckpt_path).with_suffix(SUFFIXES[export_format])
+
+
+def check_exporter(export_format: ExportFormat) -> None:
+    """Refuse a format whose packages (:data:`PACKAGES`, the ``export`` extra) are not installed,
+    found without importing them.
+
+    Raises:
+        ExportError: naming the missing packages and the extra that installs them.
+    """
+    if missing := [name for name in PACKAGES[export_format] if importlib.util.find_spec(name) is None]:
+        raise ExportError(
+            f"format={export_format.value} needs the packages {', '.join(PACKAGES[export_format])}, and "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
+            "pip install 'mnist-ddp[export]' (or format=torch_export, which needs nothing more)."
+        )
+
+
+def check_output(path: Path) -> None:
+    """Refuse an output path that exists: an export never replaces a file.
+
+    Raises:
+        ConfigValueError: naming it and the ways on.
+    """
+    if path.exists() or path.is_symlink():
+        raise ConfigValueError(
+            f"output={path} exists, and an export never overwrites a file. Give another output=<file>, "
+            "or move that one away first."
+        )

@@ -1,0 +1,19 @@
+"""The path of ``python -m mnist_ddp.predict``'s inputs (``input=``), checked without torch: the
+command refuses a path that names nothing before it imports torch and Lightning (seconds), and
+:func:`mnist_ddp.data.inputs.list_inputs` then reads what it names."""
+
+from pathlib import Path
+
+from mnist_ddp.core.errors import DataNotAvailableError
+
+
+def check_input_path(path: str | Path) -> None:
+    """Refuse an ``input`` that names no file or folder.
+
+    Raises:
+        DataNotAvailableError: when ``path`` does not exist.
+    """
+    if not Path(path).exists():
+        raise DataNotAvailableError(
+            f"input={path}: no such file or folder. Pass a folder of PNG or JPEG images, or an IDX images file."
+        )
