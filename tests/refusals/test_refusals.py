@@ -24,6 +24,7 @@ from helpers import IDX_DATA
 from mnist_ddp.config.checks import BASIC_SWEEPER, check_output_dir, check_sweep_dir
 from mnist_ddp.config.command_line import check_command_line
 from mnist_ddp.core.errors import ConfigValueError, UsageError
+from mnist_ddp.core.run_dir import SWEEP_DIR_ENV, restart_hint
 from mnist_ddp.distributed.layout import check_device_options
 from mnist_ddp.launch.supervisor import check_rendezvous_address, run_dir_lock
 from mnist_ddp.models.classifier import MNISTClassifier
@@ -163,11 +164,18 @@ def test_a_new_run_into_the_directory_of_an_earlier_run_is_refused(tmp_path, mar
     (run / mark).parent.mkdir(parents=True)
     (run / mark).write_text("results")
     before = {path: path.stat().st_mtime_ns for path in run.rglob("*")}
-    assert refused(*CPU, f"hydra.run.dir={run}", f"paths.log_dir={log_dir}") == (
-        f"hydra.run.dir={run} already holds a run: starting another there would overwrite its checkpoints "
-        "and metrics. Start it in another directory (hydra.run.dir=<new folder>, or leave hydra.run.dir unset for "
-        "a fresh one), or resume that run in place with ckpt_path=last and the same directory."
-    )
+    if mark == "checkpoints/last.ckpt":  # a run to resume
+        assert refused(*CPU, f"hydra.run.dir={run}", f"paths.log_dir={log_dir}") == (
+            f"hydra.run.dir={run} already holds a run: starting another there would overwrite its checkpoints "
+            "and metrics. Start it in another directory (hydra.run.dir=<new folder>, or leave hydra.run.dir unset for "
+            "a fresh one), or resume that run in place with ckpt_path=last and the same directory."
+        )
+    else:  # one that stopped before its first checkpoint: resuming it is refused too, so the way on is named
+        assert refused(*CPU, f"hydra.run.dir={run}", f"paths.log_dir={log_dir}") == (
+            f"hydra.run.dir={run} holds a run that stopped before its first checkpoint: starting another there would "
+            "overwrite the logs that say why. There is nothing to resume: start it again in another directory "
+            f"(hydra.run.dir=<new folder>, or leave hydra.run.dir unset for a fresh one), or move {run} away first."
+        )
     assert {path: path.stat().st_mtime_ns for path in run.rglob("*")} == before, "nothing written"
     # Resuming in place is the way on; a sweep into a folder of runs that is no sweep is refused too.
     check_output_dir(run, resume=True)
@@ -240,7 +248,13 @@ def test_a_resume_in_place_with_nothing_to_resume_is_refused(tmp_path, synthetic
     run = tmp_path / "run"
     assert "does not exist" in refused(*CPU, f"hydra.run.dir={run}", "ckpt_path=last")
     run.mkdir()
-    assert "holds no checkpoints/last.ckpt" in refused(*CPU, f"hydra.run.dir={run}", "ckpt_path=last")
+    # Stopped before its first checkpoint: the way on is another directory, which a new run takes.
+    assert refused(*CPU, f"hydra.run.dir={run}", "ckpt_path=last") == (
+        f"ckpt_path=last resumes the run in hydra.run.dir={run}, which holds no checkpoints/last.ckpt: it stopped "
+        "before its first. There is nothing to resume: start it again in another directory (hydra.run.dir=<new "
+        f"folder>, or leave hydra.run.dir unset for a fresh one), or move {run} away first."
+    )
+    check_command_line("config", [*CPU, f"hydra.run.dir={tmp_path / 'new'}", *synthetic_data])
     (run / "checkpoints").mkdir()
     (run / "checkpoints" / "last.ckpt").write_bytes(b"a checkpoint")
     (run / "metrics.json").write_text('{"status": "stopped"}')
@@ -251,6 +265,15 @@ def test_a_resume_in_place_with_nothing_to_resume_is_refused(tmp_path, synthetic
     )
     # An unset shell variable would make the current folder (the checkout) the run directory.
     assert refused(*CPU, "hydra.run.dir=", "ckpt_path=last").startswith("hydra.run.dir is empty")
+
+
+def test_a_job_of_a_sweep_that_stopped_before_its_first_checkpoint_is_started_again_by_its_sweep(monkeypatch):
+    # What rank 0 logs when such a job stops (callbacks/signals.py): continuing the sweep moves its
+    # outputs aside and starts it again (launch/sweep_launcher.py); another directory is not the way.
+    monkeypatch.setenv(SWEEP_DIR_ENV, "/sweeps/lr")
+    assert restart_hint("/sweeps/lr/3") == (
+        "Continue its sweep with the same command and hydra.sweep.dir=/sweeps/lr, which starts it again."
+    )
 
 
 class SavesItsPartials(MNISTClassifier):

@@ -28,7 +28,7 @@ from typing_extensions import override
 from mnist_ddp.core.compat import skip_sigterm_broadcast
 from mnist_ddp.core.environment import submitit_preempt_signal
 from mnist_ddp.core.errors import ConfigValueError
-from mnist_ddp.core.run_dir import resume_hint
+from mnist_ddp.core.run_dir import restart_hint, resume_hint
 from mnist_ddp.distributed.checkpoint_io import LastCheckpoint, at_optimizer_step_boundary
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,8 @@ class StopOnSignal(L.Callback):
                 f"Stopped by {where}. Last complete checkpoint: {newest}. {resume_hint(trainer.default_root_dir)}"
             )
         else:
-            log.warning(f"Stopped by {where}, before any checkpoint was saved: start the run again.")
+            restart = restart_hint(trainer.default_root_dir)
+            log.warning(f"Stopped by {where}, before any checkpoint was saved. {restart}")
 
 
 @contextmanager

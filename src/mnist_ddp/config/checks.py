@@ -38,7 +38,7 @@ from mnist_ddp.config.compose import Job, child_config, sweep_jobs, task_overrid
 from mnist_ddp.config.saved_run import CHECKPOINT_USES, apply_run_settings
 from mnist_ddp.core.environment import external_launcher, launched_externally, launcher_rank, launcher_restarts
 from mnist_ddp.core.errors import ConfigValueError, UsageError, first_line
-from mnist_ddp.core.run_dir import LAST_CHECKPOINT, METRICS_FILE
+from mnist_ddp.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, restart_hint, run_status
 from mnist_ddp.data.inputs import check_inputs
 from mnist_ddp.data.spec import DataSpec, check_same_data, read_data_spec
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
@@ -237,14 +237,16 @@ def check_resume_in_place(run_dir: Path) -> None:
     if launcher_restarts() > 0:
         return
     last = run_dir / LAST_CHECKPOINT
-    if not last.is_file():
-        where = (
-            "does not exist" if not run_dir.exists() else "holds no checkpoints/last.ckpt (stopped before its first)"
-        )
+    if not run_dir.exists():
         raise ConfigValueError(
-            f"ckpt_path=last resumes the run in hydra.run.dir={run_dir}, which {where}. Give the run's "
+            f"ckpt_path=last resumes the run in hydra.run.dir={run_dir}, which does not exist. Give the run's "
             "directory (hydra.run.dir=logs/runs/<run> ckpt_path=last), a checkpoint file (ckpt_path=<file>.ckpt), "
             "or start a new run (without ckpt_path)."
+        )
+    if not last.is_file():
+        raise ConfigValueError(
+            f"ckpt_path=last resumes the run in hydra.run.dir={run_dir}, which holds no checkpoints/last.ckpt: it "
+            f"stopped before its first. {restart_hint(run_dir)}"
         )
     metrics = run_dir / METRICS_FILE
     if metrics.is_file() and json.loads(metrics.read_text()).get("status") == "completed":
@@ -258,7 +260,8 @@ def check_resume_in_place(run_dir: Path) -> None:
 def check_output_dir(output_dir: Path, resume: bool) -> None:
     """Refuse to start a single run (a sweep: :func:`check_sweep_dir`) into the directory of an
     earlier one, before anything is written: it would overwrite that run's checkpoints and metrics
-    and add a second series to its TensorBoard run. Resuming that run in place (``ckpt_path=last``)
+    and add a second series to its TensorBoard run (one that stopped before its first checkpoint:
+    its logs). Resuming that run in place (``ckpt_path=last``)
     and a launcher's restart of the job (torchrun ``--max-restarts``, a SLURM requeue) are the
     exceptions; so are the processes other than global rank 0 under torchrun or SLURM (rank 0
     checks, before any of them writes).
@@ -268,6 +271,13 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
     """
     if resume or launcher_restarts() > 0 or launcher_rank() > 0 or not holds_a_run(output_dir):
         return
+    status = run_status(output_dir)  # None: killed before it recorded one
+    if status != "completed" and not (output_dir / LAST_CHECKPOINT).is_file():
+        ended = "failed" if status == "failed" else "stopped"
+        raise ConfigValueError(
+            f"hydra.run.dir={output_dir} holds a run that {ended} before its first checkpoint: starting another "
+            f"there would overwrite the logs that say why. {restart_hint(output_dir)}"
+        )
     raise ConfigValueError(
         f"hydra.run.dir={output_dir} already holds a run: starting another there would overwrite its checkpoints "
         "and metrics. Start it in another directory (hydra.run.dir=<new folder>, or leave hydra.run.dir unset for "

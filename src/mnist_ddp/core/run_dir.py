@@ -47,6 +47,19 @@ def resume_hint(run_dir: Path | str) -> str:
     return f"Resume this run in place with: {resume_command(run_dir)}"
 
 
+def restart_hint(run_dir: Path | str) -> str:
+    """How to start the run in ``run_dir`` again when it stopped before its first checkpoint, as a
+    sentence: there is nothing to resume, and a new run there is refused (it would overwrite the
+    logs and metrics that say why it stopped). A job of a sweep (:data:`SWEEP_DIR_ENV`) starts
+    again when its sweep is continued, its outputs moved aside."""
+    if sweep_dir := os.environ.get(SWEEP_DIR_ENV):
+        return f"Continue its sweep with the same command and hydra.sweep.dir={sweep_dir}, which starts it again."
+    return (
+        "There is nothing to resume: start it again in another directory (hydra.run.dir=<new folder>, or leave "
+        f"hydra.run.dir unset for a fresh one), or move {run_dir} away first."
+    )
+
+
 #: A run's newest checkpoint, relative to its run directory (``LastCheckpoint``'s ``last.ckpt``).
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 
