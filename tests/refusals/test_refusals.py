@@ -156,7 +156,9 @@ def test_a_busy_master_port_and_an_unresolvable_master_addr_are_refused(monkeypa
     check_rendezvous_address({})  # unset: the OS picks a free port
 
 
-@pytest.mark.parametrize("mark", ["checkpoints/last.ckpt", "metrics.json", "tensorboard/events.out.tfevents.1"])
+@pytest.mark.parametrize(
+    "mark", ["checkpoints/last.ckpt", "checkpoints/epoch_000.ckpt", "metrics.json", "tensorboard/events.out.tfevents.1"]
+)
 def test_a_new_run_into_the_directory_of_an_earlier_run_is_refused(tmp_path, mark):
     # What a run leaves behind that a second one would overwrite: any of these marks a run.
     log_dir = tmp_path / "logs"
@@ -164,7 +166,7 @@ def test_a_new_run_into_the_directory_of_an_earlier_run_is_refused(tmp_path, mar
     (run / mark).parent.mkdir(parents=True)
     (run / mark).write_text("results")
     before = {path: path.stat().st_mtime_ns for path in run.rglob("*")}
-    if mark == "checkpoints/last.ckpt":  # a run to resume
+    if mark.startswith("checkpoints/"):  # a run to resume
         assert refused(*CPU, f"hydra.run.dir={run}", f"paths.log_dir={log_dir}") == (
             f"hydra.run.dir={run} already holds a run: starting another there would overwrite its checkpoints "
             "and metrics. Start it in another directory (hydra.run.dir=<new folder>, or leave hydra.run.dir unset for "
@@ -255,7 +257,14 @@ def test_a_resume_in_place_with_nothing_to_resume_is_refused(tmp_path, synthetic
         f"folder>, or leave hydra.run.dir unset for a fresh one), or move {run} away first."
     )
     check_command_line("config", [*CPU, f"hydra.run.dir={tmp_path / 'new'}", *synthetic_data])
+    # Without its last.ckpt (callbacks.last_checkpoint dropped) but with an epoch's: not "before its first".
     (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "epoch_000.ckpt").write_bytes(b"a checkpoint")
+    assert refused(*CPU, f"hydra.run.dir={run}", "ckpt_path=last") == (
+        f"ckpt_path=last resumes the run in hydra.run.dir={run}, which holds no checkpoints/last.ckpt (its "
+        "last_checkpoint callback was off), only epoch checkpoints. Resume from one of them into a new directory: "
+        f"ckpt_path={run}/checkpoints/<file>.ckpt with the run's overrides."
+    )
     (run / "checkpoints" / "last.ckpt").write_bytes(b"a checkpoint")
     (run / "metrics.json").write_text('{"status": "stopped"}')
     check_command_line("config", [*CPU, f"hydra.run.dir={run}", "ckpt_path=last", *synthetic_data])

@@ -18,7 +18,6 @@ expands into several):
 """
 
 import io
-import json
 import os
 import pickle
 import re
@@ -231,8 +230,9 @@ def check_resume_in_place(run_dir: Path) -> None:
     the job is not checked: it resumes what its first attempt left, or starts it.
 
     Raises:
-        ConfigValueError: when ``run_dir`` holds no ``checkpoints/last.ckpt``, or holds a run that
-            completed (its ``metrics.json`` says so).
+        ConfigValueError: when ``run_dir`` holds no ``checkpoints/last.ckpt`` (naming the way on: another
+            directory when it holds no checkpoint at all, an epoch's checkpoint when it holds one), or
+            holds a run that completed (its ``metrics.json`` says so).
     """
     if launcher_restarts() > 0:
         return
@@ -243,18 +243,28 @@ def check_resume_in_place(run_dir: Path) -> None:
             "directory (hydra.run.dir=logs/runs/<run> ckpt_path=last), a checkpoint file (ckpt_path=<file>.ckpt), "
             "or start a new run (without ckpt_path)."
         )
-    if not last.is_file():
+    if not last.is_file() and not _holds_checkpoints(run_dir):
         raise ConfigValueError(
             f"ckpt_path=last resumes the run in hydra.run.dir={run_dir}, which holds no checkpoints/last.ckpt: it "
             f"stopped before its first. {restart_hint(run_dir)}"
         )
-    metrics = run_dir / METRICS_FILE
-    if metrics.is_file() and json.loads(metrics.read_text()).get("status") == "completed":
+    if not last.is_file():  # callbacks.last_checkpoint dropped: only the best epochs' files
+        raise ConfigValueError(
+            f"ckpt_path=last resumes the run in hydra.run.dir={run_dir}, which holds no checkpoints/last.ckpt (its "
+            "last_checkpoint callback was off), only epoch checkpoints. Resume from one of them into a new directory: "
+            f"ckpt_path={run_dir / LAST_CHECKPOINT.parent}/<file>.ckpt with the run's overrides."
+        )
+    if run_status(run_dir) == "completed":
         raise ConfigValueError(
             f"ckpt_path=last: the run in {run_dir} completed (its {METRICS_FILE}), so there is nothing to resume. "
             f"Evaluate its checkpoints with python -m mnist_ddp.eval ckpt_path={run_dir}/checkpoints/<file>.ckpt, "
             "or train further in a new run."
         )
+
+
+def _holds_checkpoints(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds any checkpoint (``last.ckpt`` or an epoch's)."""
+    return any((run_dir / LAST_CHECKPOINT.parent).glob("*.ckpt"))
 
 
 def check_output_dir(output_dir: Path, resume: bool) -> None:
@@ -272,7 +282,7 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
     if resume or launcher_restarts() > 0 or launcher_rank() > 0 or not holds_a_run(output_dir):
         return
     status = run_status(output_dir)  # None: killed before it recorded one
-    if status != "completed" and not (output_dir / LAST_CHECKPOINT).is_file():
+    if status != "completed" and not _holds_checkpoints(output_dir):
         ended = "failed" if status == "failed" else "stopped"
         raise ConfigValueError(
             f"hydra.run.dir={output_dir} holds a run that {ended} before its first checkpoint: starting another "
