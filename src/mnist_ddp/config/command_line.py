@@ -24,7 +24,7 @@ from mnist_ddp.config.saved_run import CHECKPOINT_USES, apply_run_settings, run_
 from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.core.environment import launched_externally, launcher_rank
 from mnist_ddp.core.errors import UsageError, exit_on_usage_error
-from mnist_ddp.core.lifetime import end_with_parent
+from mnist_ddp.core.lifetime import end_with_parent, exit_without_teardown
 from mnist_ddp.core.run_dir import check_checkpoint_file
 from mnist_ddp.data.input_path import check_input_path
 from mnist_ddp.launch.parallel_jobs import SWEEP_ENV
@@ -39,7 +39,8 @@ def entry_point(
 ) -> tuple[Callable[[], object], Callable[[], None]]:
     """The two functions of one command, ``python -m mnist_ddp.<train|eval|predict|export>``: its
     ``main`` (Hydra's entry point, which runs each job) and ``cli`` (what the module and its console
-    script run: :func:`run_entry_point`).
+    script run: :func:`run_entry_point`, then the process's end without the interpreter's teardown:
+    :func:`~mnist_ddp.core.lifetime.exit_without_teardown`).
 
     Args:
         config_name: the command's top-level config in ``conf/`` (``config``, ``eval``, ...).
@@ -57,7 +58,9 @@ def entry_point(
         return run_command(cfg, config_name, task, in_process, objective=result).get(result)
 
     def cli() -> None:
-        run_entry_point(main, config_name, None if in_process else task.partition(":")[0])
+        exit_without_teardown(
+            lambda: run_entry_point(main, config_name, None if in_process else task.partition(":")[0])
+        )
 
     return main, cli
 

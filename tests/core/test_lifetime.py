@@ -1,0 +1,59 @@
+"""How a command's process ends (``mnist_ddp.core.lifetime.exit_without_teardown``): what a normal
+exit does for the user is still done (non-daemon threads finish, ``atexit`` handlers run, buffered
+output is written, the status is ``sys.exit``'s), what it does for the interpreter alone is skipped
+(freeing every object: the finalizers of objects no handler holds do not run)."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PROGRAM = textwrap.dedent("""
+    import atexit, sys, threading, time
+    from mnist_ddp.core.lifetime import exit_without_teardown
+
+    class Teardown:
+        def __del__(self):
+            print("finalized", flush=True)
+
+    def command():
+        keep = Teardown()  # a module-level object: freed only by the interpreter's teardown
+        sys.modules["__main__"].keep = keep
+        atexit.register(print, "handler ran")
+        def late():
+            time.sleep(0.3)
+            print("thread done")
+        threading.Thread(target=late).start()
+        sys.stdout.write("buffered, no newline")
+        {end}
+
+    exit_without_teardown(command)
+""")
+
+
+def run_program(end: str) -> subprocess.CompletedProcess:
+    code = PROGRAM.replace("{end}", end)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize(
+    ("end", "status", "stderr"),
+    [("return", 0, ""), ("sys.exit(3)", 3, ""), ("sys.exit('Error: refused')", 1, "Error: refused\n")],
+)
+def test_a_command_ends_with_its_threads_handlers_output_and_status_but_no_teardown(end, status, stderr):
+    result = run_program(end)
+    assert result.returncode == status, result.stderr
+    # The thread finished before the handlers ran (the interpreter's order), the buffered text was
+    # written, and the object that only the teardown frees was never finalized.
+    assert result.stdout == "buffered, no newlinethread done\nhandler ran\n"
+    assert result.stderr == stderr
+
+
+@pytest.mark.processes
+def test_a_bug_keeps_its_traceback_and_the_normal_exit():
+    result = run_program("raise RuntimeError('a bug')")
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "RuntimeError: a bug" in result.stderr
+    assert "finalized" in result.stdout  # the interpreter's own exit, with its teardown
