@@ -577,3 +577,42 @@ def test_the_exit_handlers_run_when_asked_once_in_a_process_that_ends_with_os_ex
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout) == (0, "handler ran\n"), changed("atexit._run_exitfuncs", result.stderr)
+
+
+def rendezvous_event_names(monkeypatch) -> list[str]:
+    """The names of the events a real one-node c10d rendezvous records (torch's dynamic rendezvous
+    over its TCP store, as the supervisor's agent runs it)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    names = []
+    record = dynamic_rendezvous.construct_and_record_rdzv_event
+
+    def spy(*args, **kwargs):
+        names.append(kwargs["name"])
+        return record(*args, **kwargs)
+
+    parameters = RendezvousParameters("c10d", "localhost:0", run_id="compat", min_nodes=1, max_nodes=1, timeout=30)
+    with monkeypatch.context() as patched:
+        patched.setattr(dynamic_rendezvous, "construct_and_record_rdzv_event", spy)
+        handler = get_rendezvous_handler(parameters)
+        info = handler.next_rendezvous()
+        handler.shutdown()
+    assert (info.rank, info.world_size) == (0, 1)
+    return names
+
+
+def test_the_rendezvous_names_its_events_by_frame_as_by_inspect_stack(monkeypatch):
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from mnist_ddp.core.compat import name_rendezvous_events_by_frame
+
+    monkeypatch.setattr(dynamic_rendezvous, "get_method_name", dynamic_rendezvous.get_method_name)  # restored after
+    by_stack = rendezvous_event_names(monkeypatch)
+    name_rendezvous_events_by_frame()
+    assert dynamic_rendezvous.get_method_name.__module__ == "mnist_ddp.core.compat"
+    by_frame = rendezvous_event_names(monkeypatch)
+    assert "DynamicRendezvousHandler.next_rendezvous" in by_stack, changed(
+        "dynamic_rendezvous.get_method_name", by_stack
+    )
+    assert by_frame == by_stack, changed("dynamic_rendezvous.get_method_name", f"{by_frame} != {by_stack}")

@@ -49,6 +49,11 @@ torch
     - ``ZeroRedundancyOptimizer._all_state_dicts`` (:func:`release_consolidated_state`): the
       consolidated copy of every rank's state that ``consolidate_state_dict`` leaves on rank 0, with
       no public way to free it once the checkpoint holding it is written.
+    - ``torch.distributed.elastic.rendezvous.dynamic_rendezvous.get_method_name`` (replaced,
+      :func:`name_rendezvous_events_by_frame`): the c10d rendezvous names each event it records by
+      its caller through ``inspect.stack()``, which maps every frame of the stack to its module and
+      scans ``sys.modules`` for each one it cannot map (``<frozen runpy>``, under ``python -m``);
+      no setting turns the records off.
 
 hydra-optuna-sweeper
     - ``OptunaSweeper.sweeper`` and its ``storage``, ``study_name``, ``sampler``, ``launcher``,
@@ -317,3 +322,28 @@ def run_exit_handlers() -> None:
     import atexit
 
     atexit._run_exitfuncs()
+
+
+def name_rendezvous_events_by_frame() -> None:
+    """Make torch's c10d rendezvous (``rdzv_backend="c10d"``, the supervisor's) name the events it
+    records (``DynamicRendezvousHandler.next_rendezvous``, ...) from the caller's frame, the same
+    name, instead of through ``inspect.stack()``.
+
+    Why: ``inspect.stack()`` reads every frame's source and maps each to its module, scanning all
+    of ``sys.modules`` for a frame it cannot map; in the supervisor, which has imported Lightning
+    (about 4,000 modules), the records of one rendezvous took 0.3 to 0.6 s before the workers
+    started, on a 2-core machine (torch 2.14.1). The same change made elsewhere in torch:
+    pytorch/pytorch#105940, #114700 (``sys._getframe`` for ``inspect.stack()``).
+
+    Replaces torch's module-level ``dynamic_rendezvous.get_method_name(depth=2)``, which
+    ``_record`` calls: the name of the function ``depth`` frames above it.
+    """
+    import sys
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    def get_method_name(depth: int = 2) -> str:
+        frame = sys._getframe(depth)  # depth counts from this function, as inspect.stack()[depth]
+        return frame.f_code.co_name
+
+    dynamic_rendezvous.get_method_name = get_method_name
