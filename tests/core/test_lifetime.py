@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 PROGRAM = textwrap.dedent("""
     import atexit, sys, threading, time
     from mnist_ddp.core.lifetime import exit_without_teardown
@@ -37,7 +39,6 @@ def run_program(end: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.processes
 @pytest.mark.parametrize(
     ("end", "status", "stderr"),
     [("return", 0, ""), ("sys.exit(3)", 3, ""), ("sys.exit('Error: refused')", 1, "Error: refused\n")],
@@ -51,7 +52,6 @@ def test_a_command_ends_with_its_threads_handlers_output_and_status_but_no_teard
     assert result.stderr == stderr
 
 
-@pytest.mark.processes
 def test_a_bug_keeps_its_traceback_and_the_normal_exit():
     result = run_program("raise RuntimeError('a bug')")
     assert result.returncode == 1
