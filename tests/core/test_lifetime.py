@@ -52,6 +52,17 @@ def test_a_command_ends_with_its_threads_handlers_output_and_status_but_no_teard
     assert result.stderr == stderr
 
 
+def test_a_command_under_a_profiler_ends_normally_so_that_the_profiler_writes_its_results(tmp_path):
+    code = tmp_path / "command.py"
+    code.write_text(PROGRAM.replace("{end}", "return"))
+    profile = tmp_path / "command.prof"
+    command = [sys.executable, "-m", "cProfile", "-o", str(profile), str(code)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "handler ran" in result.stdout, result.stderr
+    assert profile.stat().st_size > 0
+    assert "finalized" in result.stdout  # the interpreter's own exit
+
+
 def test_a_bug_keeps_its_traceback_and_the_normal_exit():
     result = run_program("raise RuntimeError('a bug')")
     assert result.returncode == 1

@@ -83,8 +83,13 @@ def exit_without_teardown(command: Callable[[], object]) -> None:
     module's objects, one by one) takes 1.3 s on a 2-core machine, and the command's answer (its
     last line, a refusal) is already out: the user waits for nothing. The workers that
     ``multiprocessing`` starts already end this way (``os._exit``). An exception other than
-    ``SystemExit`` (a bug) propagates, with its traceback, through the normal exit.
+    ``SystemExit`` (a bug) propagates, with its traceback, through the normal exit; so does the
+    end of a command run under a profiler or a debugger (``python -m cProfile``, ``pdb``), which
+    writes its results once the program returns.
     """
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        command()
+        return
     try:
         command()
         status = 0
