@@ -616,3 +616,37 @@ def test_the_rendezvous_names_its_events_by_frame_as_by_inspect_stack(monkeypatc
         "dynamic_rendezvous.get_method_name", by_stack
     )
     assert by_frame == by_stack, changed("dynamic_rendezvous.get_method_name", f"{by_frame} != {by_stack}")
+
+
+def test_hydras_main_takes_the_mode_it_is_told_and_composes_the_config_once(monkeypatch, tmp_path):
+    import hydra
+    from hydra._internal.hydra import Hydra
+    from hydra.types import RunMode
+
+    from mnist_ddp.core.compat import tell_hydra_the_mode
+
+    (tmp_path / "app.yaml").write_text("value: 1\n")
+    ran, composed = [], []
+    compose = Hydra.compose_config
+    monkeypatch.setattr(Hydra, "compose_config", lambda self, *a, **k: composed.append(1) or compose(self, *a, **k))
+    monkeypatch.setattr(Hydra, "get_mode", Hydra.get_mode)  # restored after
+
+    @hydra.main(config_path=str(tmp_path), config_name="app", version_base="1.3")
+    def app(cfg) -> None:
+        ran.append(cfg.value)
+
+    def run_app(*overrides: str) -> None:
+        quiet = ["hydra/job_logging=disabled", "hydra/hydra_logging=disabled", "hydra.output_subdir=null"]
+        monkeypatch.setattr(sys, "argv", ["app", f"hydra.run.dir={tmp_path}/run", *quiet, *overrides])
+        app()
+
+    run_app("value=2")
+    assert (ran, len(composed)) == ([2], 2), changed("Hydra.get_mode", "Hydra's main composes once to read the mode")
+    tell_hydra_the_mode(None)
+    run_app("value=3")
+    assert (ran, len(composed)) == ([2, 3], 3), changed("Hydra.get_mode", f"composed {len(composed) - 2} more times")
+    tell_hydra_the_mode(RunMode.MULTIRUN)  # the mode told is the mode run: a sweep of one job here
+    run_app("value=4", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert ran == [2, 3, 4] and (tmp_path / "sweep" / "0").is_dir(), changed(
+        "Hydra.get_mode", "the mode told is not run"
+    )

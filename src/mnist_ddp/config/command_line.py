@@ -12,7 +12,9 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -22,6 +24,7 @@ from mnist_ddp.config.compose import composed_jobs, with_trainer_arguments
 from mnist_ddp.config.resume import in_place_run_dir, override_key, resume_arguments
 from mnist_ddp.config.saved_run import CHECKPOINT_USES, apply_run_settings, run_data_option
 from mnist_ddp.config.schema import CONFIG_DIR, register_configs
+from mnist_ddp.core.compat import tell_hydra_the_mode
 from mnist_ddp.core.environment import launched_externally, launcher_rank
 from mnist_ddp.core.errors import UsageError, exit_on_usage_error
 from mnist_ddp.core.lifetime import end_with_parent, exit_without_teardown
@@ -99,7 +102,8 @@ def run_entry_point(main: Callable[[], object], config_name: str, task_module: s
     starts importing ``task_module`` (the module of the job's task; None for an export, which
     runs in this process) while this process checks the values. ``hydra.run.dir=<a run>
     ckpt_path=last`` is completed with that run's overrides (:mod:`mnist_ddp.config.resume`).
-    Then ``main`` (Hydra's entry point) runs the job(s); a job whose process failed exits with
+    Then ``main`` (Hydra's entry point) runs the job(s), told their ``hydra.mode`` by the check
+    (:func:`~mnist_ddp.core.compat.tell_hydra_the_mode`); a job whose process failed exits with
     status 1 and its error, a sweep with a failed job with status 1 after its summary.
     """
     # Warnings go through logging: tagged with the rank, kept in the job's log file.
@@ -113,7 +117,8 @@ def run_entry_point(main: Callable[[], object], config_name: str, task_module: s
         sys.argv = [sys.argv[0], *with_trainer_arguments(sys.argv[1:])]
         if config_name in CHECKPOINT_USES:
             sys.argv = [sys.argv[0], *with_data_set_of_run(sys.argv[1:])]
-        check_command_line(config_name, sys.argv[1:], task_module)
+        if (checked := check_command_line(config_name, sys.argv[1:], task_module)) is not None:
+            tell_hydra_the_mode(checked.mode)  # Hydra's main would compose the config once more to read it
     except UsageError as error:
         print(f"Error: {error}", file=sys.stderr)
         sys.exit(1)
@@ -153,7 +158,15 @@ def with_data_set_of_run(args: Sequence[str]) -> list[str]:
     return [f"data={option}", *data, *args]
 
 
-def check_command_line(config_name: str, args: Sequence[str], task_module: str | None = None) -> None:
+@dataclass(frozen=True)
+class CheckedCommand:
+    """What the check of a command line found that Hydra's main needs."""
+
+    #: The jobs' ``hydra.mode`` (``RunMode.RUN`` / ``MULTIRUN``; None when unset: ``-m`` decides).
+    mode: Any
+
+
+def check_command_line(config_name: str, args: Sequence[str], task_module: str | None = None) -> CheckedCommand | None:
     """Check every job that ``args`` (Hydra's command-line arguments) would run: its keys and
     types here (:func:`composed_jobs`) and its paths (:func:`check_paths`), then its values
     (:func:`mnist_ddp.config.checks.check_jobs`). Between the two, for a single run that starts
@@ -161,10 +174,16 @@ def check_command_line(config_name: str, args: Sequence[str], task_module: str |
     (:func:`mnist_ddp.launch.supervisor.preload_workers`; a sweep's launcher starts it with its
     first job's workers, when its jobs run in this process).
 
+    Returns:
+        What the check found that Hydra's main needs, or None for a command line left to Hydra
+        (``--help``, ``--cfg``: no job).
+
     Raises:
         UsageError: the first problem found, as one line.
     """
     jobs = composed_jobs(config_name, args)
+    # Read before the checks, which drop each job's hydra node (as the jobs' own configs have none).
+    checked = CheckedCommand(mode=jobs[0].cfg.hydra.get("mode")) if jobs else None
     for job in jobs:
         check_paths(config_name, job.cfg)
     if task_module is not None and len(jobs) == 1 and not jobs[0].multirun and not launched_externally():
@@ -175,6 +194,7 @@ def check_command_line(config_name: str, args: Sequence[str], task_module: str |
     from mnist_ddp.config.checks import check_jobs
 
     check_jobs(config_name, jobs)
+    return checked
 
 
 def check_paths(config_name: str, cfg: DictConfig) -> None:
