@@ -8,6 +8,7 @@ worker ends with the forkserver it was forked from and the forkserver with its s
 A command's own process ends without the interpreter's teardown (:func:`exit_without_teardown`).
 """
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -103,6 +104,6 @@ def exit_without_teardown(command: Callable[[], object]) -> None:
         status = 1
     run_exit_handlers()
     for stream in (sys.stdout, sys.stderr):
-        if stream is not None:
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # none, a closed pipe, a closed file
             stream.flush()
     os._exit(status or 0)
