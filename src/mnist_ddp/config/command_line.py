@@ -25,6 +25,7 @@ from mnist_ddp.config.resume import in_place_run_dir, override_key, resume_argum
 from mnist_ddp.config.saved_run import CHECKPOINT_USES, apply_run_settings, run_data_option
 from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.core.compat import tell_hydra_the_mode
+from mnist_ddp.core.console import drop_output_when_closed
 from mnist_ddp.core.environment import launched_externally, launcher_rank
 from mnist_ddp.core.errors import UsageError, exit_on_usage_error
 from mnist_ddp.core.lifetime import end_with_parent, exit_without_teardown
@@ -106,6 +107,8 @@ def run_entry_point(main: Callable[[], object], config_name: str, task_module: s
     (:func:`~mnist_ddp.core.compat.tell_hydra_the_mode`); a job whose process failed exits with
     status 1 and its error, a sweep with a failed job with status 1 after its summary.
     """
+    # Before logging is configured: its console handler keeps the stream it is given.
+    drop_output_when_closed()
     # Warnings go through logging: tagged with the rank, kept in the job's log file.
     logging.captureWarnings(True)
     if SWEEP_ENV in os.environ:  # a job of a parallel sweep: it ends with the sweep's command

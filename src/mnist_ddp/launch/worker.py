@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from mnist_ddp.core.compat import run_exit_handlers
+from mnist_ddp.core.console import drop_output_when_closed
 from mnist_ddp.core.lifetime import end_with_parent
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ def run(job_file: str, environ: dict[str, str]) -> None:
     # First, as the worker's life starts: a stop signal ends it quietly, and so does the forkserver's end.
     end_quietly_until_started()
     end_with_parent(forkserver_preload.FORKSERVER_PID, "forkserver")
+    drop_output_when_closed()  # a closed console (| head) does not end the run: see there
     import torch.distributed
     from lightning.fabric.utilities.rank_zero import rank_zero_only
     from setproctitle import setproctitle

@@ -1,0 +1,60 @@
+"""A console whose reader has gone (``| head``) drops the output and the run goes on
+(``mnist_ddp.core.console``): on a real pipe in this process, and for a real training command."""
+
+import json
+import logging
+import os
+import subprocess
+
+import pytest
+from helpers import REPO, cli_command, cli_env
+
+from mnist_ddp.core.console import DropsWhenClosed
+
+
+def test_a_closed_pipe_points_the_stream_at_devnull_and_says_so_once(caplog):
+    read_end, write_end = os.pipe()
+    stream = DropsWhenClosed(os.fdopen(write_end, "w"))
+    stream.write("read\n")
+    stream.flush()
+    assert os.read(read_end, 100) == b"read\n"  # an open reader gets the text as it was written
+    assert not stream.closed_reader and os.readlink(f"/proc/self/fd/{write_end}").startswith("pipe:")
+    os.close(read_end)  # the reader exits, as head does after its lines
+    with caplog.at_level(logging.WARNING, logger="mnist_ddp.core.console"):
+        assert stream.write("lost\n") == len("lost\n")
+        stream.flush()  # raised BrokenPipeError unguarded
+        stream.writelines(["more\n", "and more\n"])
+        stream.flush()
+    assert stream.closed_reader
+    assert os.readlink(f"/proc/self/fd/{write_end}") == os.devnull
+    assert [record.getMessage().split(" (")[0] for record in caplog.records] == [
+        "The reader of this process's console has gone"
+    ]
+    assert stream.fileno() == write_end and stream.isatty() is False  # the stream's own attributes
+    stream.stream.close()
+
+
+@pytest.mark.processes
+def test_a_run_whose_console_reader_exits_trains_on_and_completes(synthetic_data, tmp_path):
+    # As `python -m mnist_ddp.train ... | head -1`: one line is read, then the pipe's reader is gone.
+    # Unguarded, Rich's progress bar ended rank 0 (SystemExit(1)) and the job failed.
+    command = cli_command(
+        *synthetic_data, "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", log_dir=tmp_path
+    )
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        process = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=stderr, text=True)
+        first_line = process.stdout.readline()
+        process.stdout.close()
+        status = process.wait(timeout=600)
+    errors = (tmp_path / "stderr.txt").read_text()
+    assert status == 0, errors[-3000:]
+    assert "Run directory" in first_line
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["status"] == "completed" and metrics["test/acc"] > 0.9, metrics
+    log = (run_dir / "train.log").read_text()
+    # Rank 0 (its progress bar, its log lines) found the reader gone, said so in the log file, and
+    # trained and tested on: the test's result is logged after that line.
+    gone = log.index("[rank 0][mnist_ddp.core.console][WARNING] - The reader of this process's stdout has gone")
+    assert log.index("Test accuracy", gone) > gone
+    assert "Traceback" not in errors and "Logging error" not in errors, errors[-3000:]
