@@ -123,3 +123,48 @@ def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
         assert val_steps == [step for step, _ in scalars["val/acc"]], "epoch 0 before the signal, the rest after"
         log_text = (run_dir / "train.log").read_text()
         assert "Stopped by SIGTERM" in log_text and "Test accuracy" in log_text, "both runs in the run's train.log"
+
+
+def wait_for(condition, seconds: float = 120) -> bool:
+    """Poll ``condition()`` every 5 ms until it holds (True) or ``seconds`` have passed (False)."""
+    deadline = time.time() + seconds
+    while not condition() and time.time() < deadline:
+        time.sleep(0.005)
+    return condition()
+
+
+@pytest.mark.parametrize("moment", ["checking", "starting"])
+def test_ctrl_c_while_the_command_starts_ends_it_with_one_line_and_no_process_left(synthetic_data, tmp_path, moment):
+    # Ctrl-C in a command's first seconds: while it checks its values (its workers' forkserver is
+    # importing; nothing is written yet), or once its run directory exists and before its workers
+    # run (the job file is written; torch's agent is about to start them). Python's
+    # KeyboardInterrupt came out as a traceback from wherever it hit, a RecursionError once.
+    log_dir = tmp_path / "logs"
+    command = cli_command(*synthetic_data, "trainer.accelerator=cpu", "trainer.devices=2", log_dir=log_dir)
+    run = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)  # fmt: skip
+    try:
+        if moment == "checking":  # the forkserver starts right after the key check, before the value check's imports
+            assert wait_for(lambda: len(processes_mentioning(str(log_dir))) == 2 or run.poll() is not None)
+            assert not (log_dir / "runs").exists()
+        else:
+            assert wait_for(lambda: any(log_dir.glob("runs/*/.hydra/job.yaml")) or run.poll() is not None)
+        os.killpg(run.pid, signal.SIGINT)
+        output, errors = run.communicate(timeout=30)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 128 + signal.SIGINT, output[-2000:] + errors[-2000:]
+    assert wait_for(lambda: processes_mentioning(str(log_dir)) == [], seconds=10), "no process left"
+    assert "Traceback" not in output + errors, output[-2000:] + errors[-2000:]
+    if moment == "checking":
+        assert errors == "Stopped by SIGINT before the run started: no process trained.\n"
+        assert output == "" and not (log_dir / "runs").exists(), "nothing written"
+    else:
+        # The run records its stop, as one stopped later does; the supervisor or its workers (had
+        # the agent started them by then) say that there is nothing to resume.
+        (run_dir,) = (log_dir / "runs").iterdir()
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        assert (metrics["status"], metrics["signal"]) == ("stopped", "SIGINT")
+        assert f"Run {run_dir} stopped by SIGINT: every process has ended." in output
+        assert "There is nothing to resume" in output, output[-2000:]

@@ -28,13 +28,12 @@ from typing_extensions import override
 from mnist_ddp.core.compat import skip_sigterm_broadcast
 from mnist_ddp.core.environment import submitit_preempt_signal
 from mnist_ddp.core.errors import ConfigValueError
+from mnist_ddp.core.lifetime import STOP_SIGNALS
 from mnist_ddp.core.run_dir import restart_hint, resume_hint
 from mnist_ddp.distributed.checkpoint_io import LastCheckpoint, at_optimizer_step_boundary
 
 log = logging.getLogger(__name__)
 
-#: The signals a run stops on: Ctrl-C, kill / a scheduler, a closed terminal or ssh session.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 #: The open file into which a stop signal first writes every thread's stack (see
 #: :func:`dump_stacks_on_stop_signals`), or None. Module-level: Lightning replaces signal handlers at

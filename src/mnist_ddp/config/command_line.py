@@ -9,7 +9,6 @@ values that need objects built (:mod:`mnist_ddp.config.checks`), once those impo
 import importlib
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from mnist_ddp.core.compat import tell_hydra_the_mode
 from mnist_ddp.core.console import drop_output_when_closed
 from mnist_ddp.core.environment import launched_externally, launcher_rank
 from mnist_ddp.core.errors import UsageError, exit_on_usage_error
-from mnist_ddp.core.lifetime import end_with_parent, exit_without_teardown
+from mnist_ddp.core.lifetime import end_at_once_on_stop_signals, end_with_parent, exit_without_teardown
 from mnist_ddp.core.run_dir import check_checkpoint_file
 from mnist_ddp.data.input_path import check_input_path
 from mnist_ddp.launch.parallel_jobs import SWEEP_ENV
@@ -99,9 +98,11 @@ def run_entry_point(main: Callable[[], object], config_name: str, task_module: s
     """What ``python -m mnist_ddp.<train|eval|predict|export>`` does.
 
     The command line is checked first (:func:`check_command_line`): a bad one exits with status 1
-    and one line on stderr. Once its keys are right, the forkserver of a single run's workers
-    starts importing ``task_module`` (the module of the job's task; None for an export, which
-    runs in this process) while this process checks the values. ``hydra.run.dir=<a run>
+    and one line on stderr; a stop signal before the job's own handlers are installed ends the
+    command at once (:func:`~mnist_ddp.core.lifetime.end_at_once_on_stop_signals`). Once its keys
+    are right, the forkserver of a single run's workers starts importing ``task_module`` (the
+    module of the job's task; None for an export, which runs in this process) while this process
+    checks the values. ``hydra.run.dir=<a run>
     ckpt_path=last`` is completed with that run's overrides (:mod:`mnist_ddp.config.resume`).
     Then ``main`` (Hydra's entry point) runs the job(s), told their ``hydra.mode`` by the check
     (:func:`~mnist_ddp.core.compat.tell_hydra_the_mode`); a job whose process failed exits with
@@ -109,6 +110,8 @@ def run_entry_point(main: Callable[[], object], config_name: str, task_module: s
     """
     # Before logging is configured: its console handler keeps the stream it is given.
     drop_output_when_closed()
+    # Until the job's own handlers take over (the supervisor's launch, a task's stop_on_signals).
+    end_at_once_on_stop_signals("before the run started: no process trained")
     # Warnings go through logging: tagged with the rank, kept in the job's log file.
     logging.captureWarnings(True)
     if SWEEP_ENV in os.environ:  # a job of a parallel sweep: it ends with the sweep's command
@@ -125,8 +128,6 @@ def run_entry_point(main: Callable[[], object], config_name: str, task_module: s
     except UsageError as error:
         print(f"Error: {error}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:  # Ctrl-C while the command is being checked: nothing has started
-        sys.exit(128 + signal.SIGINT)
 
     if launcher_rank() > 0:
         # torchrun / srun start every process with the same command: global rank 0 writes the

@@ -5,7 +5,8 @@ worker ends with the forkserver it was forked from and the forkserver with its s
 (:mod:`mnist_ddp.launch.forkserver_preload`), a job of a parallel sweep with the sweep's command
 (:mod:`mnist_ddp.launch.parallel_jobs`): even a SIGKILLed parent leaves no orphan.
 
-A command's own process ends without the interpreter's teardown (:func:`exit_without_teardown`).
+A command's own process ends without the interpreter's teardown (:func:`exit_without_teardown`),
+and a stop signal ends it at once while it starts (:func:`end_at_once_on_stop_signals`).
 """
 
 import contextlib
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 SUPERVISOR_ENV = "MNIST_DDP_SUPERVISOR_PID"
 #: ``prctl`` option: the signal this process gets when its parent dies (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
+#: The signals a run stops on: Ctrl-C, kill / a scheduler, a closed terminal or ssh session.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def end_with_parent(parent_pid: int, parent: str) -> None:
@@ -43,6 +46,29 @@ def end_with_parent(parent_pid: int, parent: str) -> None:
         log.warning(f"prctl(PR_SET_PDEATHSIG) failed (errno {errno}): this process may outlive its {parent}")
     if os.getppid() != parent_pid:
         sys.exit(128 + signal.SIGTERM)
+
+
+def end_at_once_on_stop_signals(when: str) -> None:
+    """Until a later handler replaces them: each of :data:`STOP_SIGNALS` ends this process at once,
+    with status 128 + the signal and one line on stderr, ``Stopped by SIGINT <when>.``; a signal
+    this process was started with ignored (``SIG_IGN``: ``command &`` in a script ignores SIGINT,
+    ``nohup`` SIGHUP) stays ignored, as Python leaves it.
+
+    For a command's start, while it checks its values and before its workers run (from then on
+    the job's own handlers stop it: :func:`mnist_ddp.launch.supervisor.launch`, torch's agent,
+    Lightning's), when there is nothing to save: Python's ``KeyboardInterrupt`` came out as a
+    traceback from whichever import or library it hit (a ``RecursionError`` from inside numpy's
+    import, once, on Ctrl-C), and a library that catches every exception could swallow it.
+    """
+
+    def end(signum: int, frame: object) -> None:
+        with contextlib.suppress(OSError):  # os.write: no buffer to lock, as a signal handler wants
+            os.write(2, f"Stopped by {signal.Signals(signum).name} {when}.\n".encode())
+        os._exit(128 + signum)
+
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, end)
 
 
 def stop_with_process(pid: int, name: str, every_s: float = 0.5) -> threading.Thread:

@@ -10,7 +10,9 @@ it end with the supervisor and records what a worker needs to tell its environme
 - the kernel sends the forkserver SIGTERM when the supervisor dies, however it dies (a refused
   command exits while the forkserver may still be importing);
 - Ctrl-C (SIGINT to the terminal's whole process group) ends it quietly while it imports: the
-  supervisor answers the Ctrl-C, and a traceback from inside an import would only confuse;
+  supervisor answers the Ctrl-C, and a traceback from inside an import would only confuse. A
+  supervisor that ignores SIGINT (``command &`` in a script) started it ignoring SIGINT too, and so
+  it stays: ended, it was started again by the launch, which went on as if nothing happened;
 - its command line in ``ps`` names the supervisor's, so that a leftover one would be found with it.
 """
 
@@ -31,7 +33,8 @@ ENVIRON = dict(os.environ)
 
 # In the forkserver only: not in the supervisor, nor where a tool imports every module (tests/core).
 if os.environ.get(SUPERVISOR_ENV, str(os.getpid())) != str(os.getpid()):
-    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
     _supervisor = int(os.environ[SUPERVISOR_ENV])
     end_with_parent(_supervisor, "supervisor")
     try:

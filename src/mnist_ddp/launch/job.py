@@ -26,11 +26,12 @@ from omegaconf import DictConfig
 from mnist_ddp.core.environment import launched_externally
 from mnist_ddp.core.errors import JobFailedError
 from mnist_ddp.core.files import write_json
-from mnist_ddp.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, resume_command
+from mnist_ddp.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, restart_hint, resume_command
 from mnist_ddp.distributed.layout import processes_per_node
 from mnist_ddp.launch.supervisor import (
     JobInterrupted,
     collect_stacks,
+    interrupt_job_on_stop_signals,
     launch,
     remove_stacks,
     run_dir_lock,
@@ -96,8 +97,9 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
     """:func:`run_job` on this machine: write the job file, run the workers, and read
     rank 0's metrics; a failure or a stop is recorded in ``metrics.json`` (see :func:`run_job`)."""
     run_dir, overrides = Path(cfg.paths.output_dir), list(HydraConfig.get().overrides.task)
-    job_file = write_job_file(run_dir, f"{task.__module__}:{task.__name__}", cfg, HydraConfig.get().job_logging)
+    interrupt_job_on_stop_signals()  # a stop from here is the run's, recorded below
     try:
+        job_file = write_job_file(run_dir, f"{task.__module__}:{task.__name__}", cfg, HydraConfig.get().job_logging)
         launch(
             job_file,
             task.__module__,
@@ -109,6 +111,8 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
         remove_stacks(run_dir)
         write_json(run_dir / METRICS_FILE, {"status": "stopped", "signal": stopped.signum.name, "overrides": overrides})
         log.warning(f"Run {run_dir} {stopped}: every process has ended.")
+        if not stopped.workers_started and HydraConfig.get().mode != RunMode.MULTIRUN:  # the workers say it otherwise
+            log.warning(f"It stopped before its processes started. {restart_hint(run_dir)}")
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             this_one = (
                 "this one resumes from its last.ckpt"

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mnist_ddp.core.files import write_json
+from mnist_ddp.core.lifetime import STOP_SIGNALS
 from mnist_ddp.core.run_dir import METRICS_FILE, run_status
 from mnist_ddp.launch.job_slots import DevicePool, Slot
 
@@ -34,8 +35,6 @@ log = logging.getLogger(__name__)
 
 #: Set in each job's environment: the pid of the sweep's command, which the job ends with.
 SWEEP_ENV = "MNIST_DDP_SWEEP_PID"
-#: The signals passed on to the running jobs.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass

@@ -47,7 +47,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mnist_ddp.core.errors import ConfigValueError, JobFailedError
 from mnist_ddp.core.files import write_atomically
-from mnist_ddp.core.lifetime import SUPERVISOR_ENV
+from mnist_ddp.core.lifetime import STOP_SIGNALS, SUPERVISOR_ENV
 from mnist_ddp.distributed.failures import TIMEOUT_PATTERN, describe_failure, root_failure
 from mnist_ddp.launch.worker import STACKS_DIR
 
@@ -58,15 +58,32 @@ JOB_FILE = Path(".hydra") / "job.yaml"
 
 
 class JobInterrupted(Exception):
-    """The supervisor got SIGINT or SIGTERM and stopped every worker with it.
+    """The supervisor got SIGINT, SIGTERM or SIGHUP and stopped every worker with it.
 
     Attributes:
         signum: the signal.
+        workers_started: False when the signal came before any worker started (nothing trained).
     """
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, workers_started: bool = True) -> None:
         self.signum = signal.Signals(signum)
+        self.workers_started = workers_started
         super().__init__(f"stopped by {self.signum.name}")
+
+
+def interrupt_job_on_stop_signals() -> None:
+    """Until torch's agent installs its own handlers (as it starts the workers): each of
+    :data:`~mnist_ddp.core.lifetime.STOP_SIGNALS` raises :class:`JobInterrupted` in this process, as
+    the agent's does once the workers run (:func:`launch`), so that a stop between the run
+    directory's creation and the workers' start is recorded as the run's stop, not a traceback. A
+    signal this process ignores (``SIG_IGN``) stays ignored."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise JobInterrupted(signum, workers_started=False)
+
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, interrupt)
 
 
 def check_rendezvous_address(environ: os._Environ | dict = os.environ) -> None:
