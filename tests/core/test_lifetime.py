@@ -68,3 +68,33 @@ def test_a_bug_keeps_its_traceback_and_the_normal_exit():
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "RuntimeError: a bug" in result.stderr
     assert "finalized" in result.stdout  # the interpreter's own exit, with its teardown
+
+
+STARTING = textwrap.dedent("""
+    import os, signal, sys
+    from mnist_ddp.core.lifetime import end_at_once_on_stop_signals, restore_stop_signals
+    if sys.argv[1] == "ignored":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts `command &`
+    end_at_once_on_stop_signals("while it starts")
+    if sys.argv[1] == "restored":
+        restore_stop_signals()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        signal.sigtimedwait([], 0.1)  # a moment for the handler to run
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt")
+    print("alive")
+""")
+
+
+@pytest.mark.parametrize(
+    ("case", "status", "stdout", "stderr"),
+    [
+        ("default", 128 + 2, "", "Stopped by SIGINT while it starts.\n"),
+        ("ignored", 0, "alive\n", ""),  # an ignored signal stays ignored
+        ("restored", 0, "KeyboardInterrupt\nalive\n", ""),  # Python's own handler is back
+    ],
+)
+def test_a_stop_signal_while_the_command_starts_ends_it_at_once_with_one_line(case, status, stdout, stderr):
+    result = subprocess.run([sys.executable, "-c", STARTING, case], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (status, stdout, stderr)

@@ -31,6 +31,8 @@ SUPERVISOR_ENV = "MNIST_DDP_SUPERVISOR_PID"
 PR_SET_PDEATHSIG = 1
 #: The signals a run stops on: Ctrl-C, kill / a scheduler, a closed terminal or ssh session.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The handlers that :func:`end_at_once_on_stop_signals` replaced, for :func:`restore_stop_signals`.
+_replaced_handlers: dict[int, object] = {}
 
 
 def end_with_parent(parent_pid: int, parent: str) -> None:
@@ -68,7 +70,16 @@ def end_at_once_on_stop_signals(when: str) -> None:
 
     for signum in STOP_SIGNALS:
         if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, end)
+            _replaced_handlers.setdefault(signum, signal.signal(signum, end))
+
+
+def restore_stop_signals() -> None:
+    """Give the stop signals back the handlers that :func:`end_at_once_on_stop_signals` replaced
+    (Python's: ``KeyboardInterrupt`` on SIGINT), for work in this process that cleans up on its way
+    out (an export's partial file)."""
+    while _replaced_handlers:
+        signum, handler = _replaced_handlers.popitem()
+        signal.signal(signum, handler)
 
 
 def stop_with_process(pid: int, name: str, every_s: float = 0.5) -> threading.Thread:

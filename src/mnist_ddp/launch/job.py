@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from mnist_ddp.core.environment import launched_externally
 from mnist_ddp.core.errors import JobFailedError
 from mnist_ddp.core.files import write_json
+from mnist_ddp.core.lifetime import restore_stop_signals
 from mnist_ddp.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, restart_hint, resume_command
 from mnist_ddp.distributed.layout import processes_per_node
 from mnist_ddp.launch.supervisor import (
@@ -67,6 +68,7 @@ def run_job(
     run_dir = Path(cfg.paths.output_dir)
     overrides = list(HydraConfig.get().overrides.task)
     if in_process:
+        restore_stop_signals()  # an export removes its partial file on KeyboardInterrupt
         metrics = task(cfg)
     elif launched_externally():
         # Before the process group forms; under torchrun this process is one of the job's.
