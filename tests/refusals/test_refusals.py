@@ -26,6 +26,7 @@ from mnist_ddp.config.command_line import check_command_line
 from mnist_ddp.core.errors import ConfigValueError, UsageError
 from mnist_ddp.core.run_dir import SWEEP_DIR_ENV, restart_hint
 from mnist_ddp.distributed.layout import check_device_options
+from mnist_ddp.launch import supervisor
 from mnist_ddp.launch.supervisor import check_rendezvous_address, run_dir_lock
 from mnist_ddp.models.classifier import MNISTClassifier
 
@@ -227,6 +228,38 @@ def test_a_second_command_into_a_directory_in_use_is_refused(tmp_path):
         holder.join(timeout=30)
     with run_dir_lock(tmp_path):  # released when its holder ended, even by SIGKILL
         assert (tmp_path / ".lock").read_text() == str(os.getpid())
+
+
+def test_a_checked_command_holds_the_run_directory_it_names_before_hydra_writes_there(tmp_path, synthetic_data):
+    # Two commands started into the same hydra.run.dir at once both passed the check for a holder
+    # (nobody held it yet): the one the lock refused later had rewritten the other's .hydra/ on its way.
+    run_dir = tmp_path / "run"
+    check_command_line("config", [*CPU, *synthetic_data, f"hydra.run.dir={run_dir}"])
+    try:
+        assert [path.name for path in run_dir.iterdir()] == [".lock"] and (run_dir / ".lock").read_text() == str(
+            os.getpid()
+        )
+        context = multiprocessing.get_context("fork")  # another process, as the second command is
+        second = context.Process(target=lock_and_report, args=(run_dir, queue := context.Queue()))
+        second.start()
+        assert queue.get(timeout=30) == f"{run_dir} is in use by another run (pid {os.getpid()})"
+        second.join(timeout=30)
+        with run_dir_lock(run_dir):  # this process's job then finds its directory held already
+            pass
+    finally:
+        supervisor._held_run_dirs.pop(run_dir.resolve()).close()  # let it go: the test process lives on
+    # A directory the command line does not name (the start time's, by default) is not written before Hydra.
+    check_command_line("config", [*CPU, *synthetic_data, f"paths.log_dir={tmp_path / 'logs'}"])
+    assert not (tmp_path / "logs").exists()
+
+
+def lock_and_report(path, queue) -> None:
+    supervisor._held_run_dirs.clear()  # forked with this process's state: a second command has none
+    try:
+        with run_dir_lock(path):
+            queue.put("taken")
+    except ConfigValueError as refused:
+        queue.put(str(refused).split(":")[0])
 
 
 def hold_run_dir(path, holding) -> None:

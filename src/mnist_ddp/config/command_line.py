@@ -19,7 +19,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mnist_ddp.config.compose import composed_jobs, with_trainer_arguments
+from mnist_ddp.config.compose import Job, composed_jobs, with_trainer_arguments
 from mnist_ddp.config.resume import in_place_run_dir, override_key, resume_arguments
 from mnist_ddp.config.saved_run import CHECKPOINT_USES, apply_run_settings, run_data_option
 from mnist_ddp.config.schema import CONFIG_DIR, register_configs
@@ -188,6 +188,7 @@ def check_command_line(config_name: str, args: Sequence[str], task_module: str |
     jobs = composed_jobs(config_name, args)
     # Read before the checks, which drop each job's hydra node (as the jobs' own configs have none).
     checked = CheckedCommand(mode=jobs[0].cfg.hydra.get("mode")) if jobs else None
+    named_run_dir = _named_run_dir(jobs)
     for job in jobs:
         check_paths(config_name, job.cfg)
     if task_module is not None and len(jobs) == 1 and not jobs[0].multirun and not launched_externally():
@@ -198,7 +199,23 @@ def check_command_line(config_name: str, args: Sequence[str], task_module: str |
     from mnist_ddp.config.checks import check_jobs
 
     check_jobs(config_name, jobs)
+    if named_run_dir is not None and config_name != "export":  # an export runs in this process, with no lock
+        from mnist_ddp.launch.supervisor import hold_run_dir
+
+        hold_run_dir(named_run_dir)  # before Hydra writes its config there
     return checked
+
+
+def _named_run_dir(jobs: Sequence[Job]) -> Path | None:
+    """The directory of a single run that this process will supervise, when the command line names
+    it as a plain path (``hydra.run.dir=<folder>``, a resume in place): the one Hydra will write
+    into, and the only kind two commands can share (the default, ``${run_stamp:}``, differs by the
+    microsecond). None otherwise: a sweep, a run under torchrun or SLURM, a directory that
+    interpolates (``${now:...}`` could resolve otherwise in Hydra's main)."""
+    if len(jobs) != 1 or jobs[0].multirun or launched_externally():
+        return None
+    run = jobs[0].cfg.hydra.run
+    return None if OmegaConf.is_interpolation(run, "dir") else Path(run.dir)
 
 
 def check_paths(config_name: str, cfg: DictConfig) -> None:

@@ -37,11 +37,13 @@ import shutil
 import signal
 import socket
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
+from typing import TextIO
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -134,24 +136,51 @@ def check_rendezvous_address(environ: os._Environ | dict = os.environ) -> None:
         probe.close()
 
 
+#: Seconds a command waits for a run directory's lock before it refuses the directory as in use.
+LOCK_PATIENCE = 0.5
+#: The run directories this process holds for the rest of its life (:func:`hold_run_dir`), each
+#: with its open ``.lock`` file (closing it would let the lock go).
+_held_run_dirs: dict[Path, TextIO] = {}
+
+
 @contextmanager
 def run_dir_lock(run_dir: Path) -> Iterator[None]:
     """Hold ``run_dir`` for this job: a second command started into the same directory meanwhile
     (the check for an earlier run cannot see a run that has not written anything yet) is refused.
     An advisory lock (``flock``) on ``run_dir/.lock``, which the kernel releases when this process
-    ends, however it ends.
+    ends, however it ends. A directory this process already holds (:func:`hold_run_dir`) stays held.
+
+    Raises:
+        ConfigValueError: when another process holds the directory.
+    """
+    if run_dir.resolve() in _held_run_dirs:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a+") as lock:
+        _take_run_dir_lock(run_dir, lock)
+        yield
+
+
+def hold_run_dir(run_dir: Path) -> None:
+    """Take ``run_dir``'s lock (:func:`run_dir_lock`) now, for the rest of this process's life:
+    for a single run into a directory named on the command line (``hydra.run.dir=``), once its
+    command line is checked and before Hydra writes its config there. Two commands started into
+    the same directory at once both passed :func:`check_run_dir_free`, and the one refused later,
+    by the lock, had rewritten the other's ``.hydra/config.yaml`` and ``overrides.yaml`` (what a
+    resume reads) on its way.
 
     Raises:
         ConfigValueError: when another process holds the directory.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".lock", "a+") as lock:
+    lock = open(run_dir / ".lock", "a+")  # noqa: SIM115 -- open for the process's life: it holds the lock
+    try:
         _take_run_dir_lock(run_dir, lock)
-        lock.seek(0)
-        lock.truncate()
-        lock.write(str(os.getpid()))
-        lock.flush()
-        yield
+    except ConfigValueError:
+        lock.close()
+        raise
+    _held_run_dirs[run_dir.resolve()] = lock
 
 
 def check_run_dir_free(run_dir: Path) -> None:
@@ -171,19 +200,30 @@ def check_run_dir_free(run_dir: Path) -> None:
 
 
 def _take_run_dir_lock(run_dir: Path, lock) -> None:
-    """``flock`` ``lock`` (the open ``run_dir/.lock``) without waiting.
+    """``flock`` ``lock`` (the open ``run_dir/.lock``), waiting at most :data:`LOCK_PATIENCE`
+    seconds: another command's :func:`check_run_dir_free` takes it for an instant.
 
     Raises:
         ConfigValueError: naming the holder's pid (the file's content) when another process holds it.
     """
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    deadline = time.monotonic() + LOCK_PATIENCE
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                lock.seek(0)
+                raise ConfigValueError(
+                    f"{run_dir} is in use by another run (pid {lock.read().strip() or '?'}): start this one in "
+                    "another directory, or wait for that one to end."
+                ) from None
+            time.sleep(0.05)
+    if lock.writable():  # the holder's pid, for the message above
         lock.seek(0)
-        raise ConfigValueError(
-            f"{run_dir} is in use by another run (pid {lock.read().strip() or '?'}): start this one in another "
-            "directory, or wait for that one to end."
-        ) from None
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
 
 
 def write_job_file(run_dir: Path, task: str, cfg: DictConfig, logging_config: DictConfig) -> Path:
