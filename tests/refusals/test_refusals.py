@@ -190,6 +190,11 @@ def test_a_new_run_into_the_directory_of_an_earlier_run_is_refused(tmp_path, mar
     with pytest.raises(ConfigValueError, match=f"hydra.sweep.dir={mine.parent} holds files but no sweep"):
         check_sweep_dir(mine.parent, [], resume=False, sweeper={"_target_": BASIC_SWEEPER})
     check_output_dir(tmp_path / "new", resume=False)
+    # A completed run has nothing to resume: the way on is another directory only.
+    (run / "metrics.json").write_text('{"status": "completed"}')
+    (run / "checkpoints").mkdir(exist_ok=True)
+    with pytest.raises(ConfigValueError, match=r"holds a completed run: .* a fresh one\)\.$"):
+        check_output_dir(run, resume=False)
 
 
 def test_several_nodes_without_a_launcher_are_refused():

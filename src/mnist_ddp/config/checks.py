@@ -288,10 +288,17 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
             f"hydra.run.dir={output_dir} holds a run that {ended} before its first checkpoint: starting another "
             f"there would overwrite the logs that say why. {restart_hint(output_dir)}"
         )
+    elsewhere = (
+        "Start it in another directory (hydra.run.dir=<new folder>, or leave hydra.run.dir unset for a fresh one)"
+    )
+    if status == "completed":  # nothing to resume (check_resume_in_place refuses it)
+        raise ConfigValueError(
+            f"hydra.run.dir={output_dir} holds a completed run: starting another there would overwrite its "
+            f"checkpoints and metrics. {elsewhere}."
+        )
     raise ConfigValueError(
         f"hydra.run.dir={output_dir} already holds a run: starting another there would overwrite its checkpoints "
-        "and metrics. Start it in another directory (hydra.run.dir=<new folder>, or leave hydra.run.dir unset for "
-        "a fresh one), or resume that run in place with ckpt_path=last and the same directory."
+        f"and metrics. {elsewhere}, or resume that run in place with ckpt_path=last and the same directory."
     )
 
 
