@@ -35,8 +35,9 @@ TRACKERS = "logger=[tensorboard,csv,mlflow]"
     ("signum", "target"),
     # SIGTERM to every process (SLURM's scancel): the chaos test's SIGTERM to a worker, and Ctrl-C's
     # delivery to the whole group, cover its two halves.
-    [(signal.SIGINT, "group"), (signal.SIGTERM, "parent")],
-    ids=["ctrl-c", "kill"],
+    # SIGHUP to the group: a closed terminal, which also reaches Python's resource tracker.
+    [(signal.SIGINT, "group"), (signal.SIGTERM, "parent"), (signal.SIGHUP, "group")],
+    ids=["ctrl-c", "kill", "hangup"],
 )
 def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
     synthetic_data_dir, tmp_path, signum, target
@@ -70,6 +71,7 @@ def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
     print(f"{signum.name} to the {target}: every process gone {seconds:.1f} s later, exit status {run.returncode}")
     assert seconds < 10 and processes_mentioning(str(log_dir)) == []
     assert run.returncode == 128 + signum, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]  # the resource tracker's KeyErrors, after a SIGHUP killed it
 
     (run_dir,) = (log_dir / "runs").iterdir()
     stopped = re.search(rf"Stopped by {signum.name} in epoch 1 at global step (\d+)\. Last complete checkpoint: "

@@ -14,12 +14,14 @@ is SLURM, by its variables.
 import multiprocessing
 import os
 import re
+import signal
 import socket
 import time
 
 import pytest
 import torch
 from helpers import IDX_DATA
+from omegaconf import OmegaConf
 
 from mnist_ddp.config.checks import BASIC_SWEEPER, check_output_dir, check_sweep_dir
 from mnist_ddp.config.command_line import check_command_line
@@ -343,3 +345,18 @@ def test_hyperparameters_a_checkpoint_could_not_load_are_refused_before_launch()
         "out (save_hyperparameters(ignore=['optimizer', 'scheduler', 'data_spec'])); the run's .hydra/config.yaml "
         "records how it was built."
     )
+
+
+def test_a_stop_before_the_workers_start_passes_through_a_library_unchanged():
+    # The stop handler raises wherever the supervisor is: inside OmegaConf (writing the job file),
+    # which re-raised an Exception as type(error)(message), a ValueError with a traceback.
+    def stop() -> None:
+        raise supervisor.JobInterrupted(signal.SIGINT, workers_started=False)
+
+    OmegaConf.register_new_resolver("test_stop", stop, replace=True)
+    try:
+        with pytest.raises(supervisor.JobInterrupted) as stopped:
+            OmegaConf.to_container(OmegaConf.create({"value": "${test_stop:}"}), resolve=True)
+    finally:
+        OmegaConf.clear_resolver("test_stop")
+    assert (stopped.value.signum, stopped.value.workers_started) == (signal.SIGINT, False)

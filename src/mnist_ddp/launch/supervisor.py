@@ -59,8 +59,13 @@ log = logging.getLogger(__name__)
 JOB_FILE = Path(".hydra") / "job.yaml"
 
 
-class JobInterrupted(Exception):
+class JobInterrupted(BaseException):
     """The supervisor got SIGINT, SIGTERM or SIGHUP and stopped every worker with it.
+
+    A ``BaseException``, as ``KeyboardInterrupt``: raised by a signal handler wherever this
+    process is (:func:`interrupt_job_on_stop_signals`), it must pass through the libraries' handlers
+    of ``Exception`` unchanged (OmegaConf re-raises those as ``type(error)(message)``, which made it
+    a ``ValueError`` with a traceback).
 
     Attributes:
         signum: the signal.
@@ -173,6 +178,8 @@ def hold_run_dir(run_dir: Path) -> None:
     Raises:
         ConfigValueError: when another process holds the directory.
     """
+    if run_dir.resolve() in _held_run_dirs:
+        return
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = open(run_dir / ".lock", "a+")  # noqa: SIM115 -- open for the process's life: it holds the lock
     try:
@@ -191,6 +198,8 @@ def check_run_dir_free(run_dir: Path) -> None:
     Raises:
         ConfigValueError: when another process holds the directory.
     """
+    if run_dir.resolve() in _held_run_dirs:  # this process's own (:func:`hold_run_dir`)
+        return
     try:
         lock = open(run_dir / ".lock")  # noqa: SIM115 -- closed below; no lock file: nobody holds it
     except FileNotFoundError:
@@ -280,8 +289,17 @@ def preload_workers(task_module: str) -> None:
     when they are launched (:func:`mnist_ddp.launch.worker.run`).
     """
     import multiprocessing
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
+    # Python's resource tracker (started with the forkserver, for its semaphores) ignores SIGINT and
+    # SIGTERM but not SIGHUP: a closed terminal killed it with the command's process group, and
+    # each worker's exit then printed a KeyError traceback from the tracker started anew. Started
+    # here with SIGHUP blocked, which it keeps; this process gets a SIGHUP sent meanwhile at once after.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
     multiprocessing.get_context("forkserver").set_forkserver_preload(
         ["mnist_ddp.launch.forkserver_preload", task_module]
