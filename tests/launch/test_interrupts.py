@@ -170,3 +170,27 @@ def test_ctrl_c_while_the_command_starts_ends_it_with_one_line_and_no_process_le
         assert (metrics["status"], metrics["signal"]) == ("stopped", "SIGINT")
         assert f"Run {run_dir} stopped by SIGINT: every process has ended." in output
         assert "There is nothing to resume" in output, output[-2000:]
+
+
+def test_ctrl_c_once_the_run_has_its_results_keeps_them(synthetic_data, tmp_path):
+    # Ctrl-C just after global rank 0 wrote its test results (the last log lines), while the
+    # processes end: the stop's record replaced the results, which the run had printed.
+    log_dir = tmp_path / "logs"
+    command = cli_command(*synthetic_data, "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1",
+                          log_dir=log_dir)  # fmt: skip
+    run = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)  # fmt: skip
+    try:
+        assert wait_for(lambda: any(log_dir.glob("runs/*/metrics.json")) or run.poll() is not None, seconds=300)
+        os.killpg(run.pid, signal.SIGINT)
+        output = run.communicate(timeout=60)[0]
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    (run_dir,) = (log_dir / "runs").iterdir()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["status"] == "completed" and metrics["test/acc"] > 0.9, (metrics, output[-2000:])
+    # The signal comes while the processes end (status 130, said so) or, on a fast machine, after (0).
+    assert run.returncode in (0, 128 + signal.SIGINT), output[-2000:]
+    if run.returncode:
+        assert f"Run {run_dir} stopped by SIGINT after its task had finished: its results are kept" in output

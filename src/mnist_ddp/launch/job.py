@@ -27,7 +27,7 @@ from mnist_ddp.core.environment import launched_externally
 from mnist_ddp.core.errors import JobFailedError
 from mnist_ddp.core.files import write_json
 from mnist_ddp.core.lifetime import restore_stop_signals
-from mnist_ddp.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, restart_hint, resume_command
+from mnist_ddp.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, read_metrics, restart_hint, resume_command
 from mnist_ddp.distributed.layout import processes_per_node
 from mnist_ddp.launch.supervisor import (
     JobInterrupted,
@@ -81,23 +81,26 @@ def run_job(
     else:
         os.environ.update(cfg.launcher.env)  # the workers inherit them
         with run_dir_lock(run_dir):
-            metrics = supervise(task, cfg)
+            metrics = supervise(task, cfg, objective)
         if metrics.get("status") == "failed":  # a failed job of a sweep: recorded as it is
             return metrics
-    metrics = {
-        "status": "completed",
-        "overrides": overrides,
-        **({"objective": objective} if objective else {}),
-        **metrics,
-    }
+    metrics = completed(metrics, overrides, objective)
     if rank_zero_only.rank == 0:
         write_json(run_dir / METRICS_FILE, metrics)
     return metrics
 
 
-def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
+def completed(metrics: dict, overrides: list[str], objective: str | None) -> dict:
+    """The record of a completed job in ``metrics.json``: its status, overrides and objective, then
+    global rank 0's ``metrics``."""
+    return {"status": "completed", "overrides": overrides, **({"objective": objective} if objective else {}), **metrics}
+
+
+def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig, objective: str | None = None) -> dict:
     """:func:`run_job` on this machine: write the job file, run the workers, and read
-    rank 0's metrics; a failure or a stop is recorded in ``metrics.json`` (see :func:`run_job`)."""
+    rank 0's metrics; a failure or a stop is recorded in ``metrics.json`` (see :func:`run_job`).
+    A stop that comes once global rank 0's task has returned (its metrics written) keeps them: the
+    job is recorded as completed, and the command still ends with the signal's status."""
     run_dir, overrides = Path(cfg.paths.output_dir), list(HydraConfig.get().overrides.task)
     interrupt_job_on_stop_signals()  # a stop from here is the run's, recorded below
     try:
@@ -111,6 +114,10 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
         )
     except JobInterrupted as stopped:
         remove_stacks(run_dir)
+        if "status" not in (finished := read_metrics(run_dir)) and finished:  # rank 0's task had returned
+            write_json(run_dir / METRICS_FILE, completed(finished, overrides, objective))
+            log.warning(f"Run {run_dir} {stopped} after its task had finished: its results are kept in {METRICS_FILE}.")
+            sys.exit(128 + stopped.signum)
         write_json(run_dir / METRICS_FILE, {"status": "stopped", "signal": stopped.signum.name, "overrides": overrides})
         log.warning(f"Run {run_dir} {stopped}: every process has ended.")
         if not stopped.workers_started and HydraConfig.get().mode != RunMode.MULTIRUN:  # the workers say it otherwise
