@@ -67,7 +67,7 @@ def run(job_file: str, environ: dict[str, str]) -> None:
     if forkserver_preload.FORKSERVER_PID == os.getpid():  # imported here, not inherited from the forkserver
         raise RuntimeError("mnist_ddp.launch.worker.run runs in a process forked from the job's forkserver only")
     # First, as the worker's life starts: a stop signal ends it quietly, and so does the forkserver's end.
-    end_quietly_until_started()
+    end_quietly_on_stop_signals()
     end_with_parent(forkserver_preload.FORKSERVER_PID, "forkserver")
     drop_output_when_closed()  # a closed console (| head) does not end the run: see there
     import torch.distributed
@@ -160,9 +160,11 @@ def record_atomically(handler: Any, error: BaseException) -> None:
         os.environ["TORCHELASTIC_ERROR_FILE"] = final
 
 
-def end_quietly_until_started() -> None:
-    """Until the run's own handlers are installed: SIGINT, SIGTERM and SIGHUP end this process at
-    once, with status 128 + the signal and no traceback (nothing is trained yet, nothing to save)."""
+def end_quietly_on_stop_signals() -> None:
+    """While the worker has nothing to save (until the run's own handlers are installed, and once
+    its task has returned): SIGINT, SIGTERM and SIGHUP end this process at once, with status
+    128 + the signal and no traceback. After the task, Ctrl-C met a worker in its last barrier
+    (:func:`end_process_group`), whose peer had stopped: it was reported as the rank that failed."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, lambda number, frame: os._exit(128 + number))
 
@@ -211,6 +213,7 @@ def main(job_file: str) -> None:
     task = getattr(importlib.import_module(module), function)
     try:
         task(config)
+        end_quietly_on_stop_signals()  # its results are written: a stop now only ends it
         end_process_group()
     except SystemExit as stopped:
         if stopped.code in {128 + signum for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}:
