@@ -13,6 +13,7 @@ it end with the supervisor and records what a worker needs to tell its environme
   supervisor answers the Ctrl-C, and a traceback from inside an import would only confuse. A
   supervisor that ignores SIGINT (``command &`` in a script) started it ignoring SIGINT too, and so
   it stays: ended, it was started again by the launch, which went on as if nothing happened;
+- a closed terminal's SIGHUP is ignored: the supervisor passes it on to the workers;
 - its command line in ``ps`` names the supervisor's, so that a leftover one would be found with it.
 """
 
@@ -35,6 +36,10 @@ ENVIRON = dict(os.environ)
 if os.environ.get(SUPERVISOR_ENV, str(os.getpid())) != str(os.getpid()):
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
+    # A closed terminal's SIGHUP is the supervisor's to answer (it passes it on to the workers):
+    # ended by it, the forkserver ended its workers with SIGTERM before the agent's SIGHUP reached
+    # them, and the run said it was stopped by SIGTERM. It ends with the supervisor in any case.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _supervisor = int(os.environ[SUPERVISOR_ENV])
     end_with_parent(_supervisor, "supervisor")
     try:
