@@ -12,7 +12,11 @@ from helpers import REPO, cli_command, cli_env
 from mnist_ddp.core.console import DropsWhenClosed
 
 
-def test_a_closed_pipe_points_the_stream_at_devnull_and_says_so_once(caplog):
+def test_a_closed_pipe_points_the_stream_at_devnull_and_says_so_once(caplog, monkeypatch):
+    # Another test's logging config (a job's, Hydra's) may have turned this module's logger off.
+    logger = logging.getLogger("mnist_ddp.core.console")
+    monkeypatch.setattr(logger, "disabled", False)
+    monkeypatch.setattr(logger, "propagate", True)
     read_end, write_end = os.pipe()
     stream = DropsWhenClosed(os.fdopen(write_end, "w"))
     stream.write("read\n")
