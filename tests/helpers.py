@@ -10,6 +10,7 @@ import http.server
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -303,6 +304,14 @@ def only(path: Path) -> Path:
     """The one entry of a folder (a run's directory in ``runs/``); fails if there are others."""
     (item,) = path.iterdir()
     return item
+
+
+def default_sigint() -> None:
+    """A ``preexec_fn`` for a command that a test stops with Ctrl-C: SIGINT back to its default
+    action, as a terminal's shell starts a command. A test run started in the background by a
+    non-interactive shell (``make test &`` in a script, some CI runners) ignores SIGINT, and its
+    commands would inherit that: Ctrl-C would not reach them, as POSIX wants."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def processes_mentioning(text: str) -> list[str]:

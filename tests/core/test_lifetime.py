@@ -73,8 +73,10 @@ def test_a_bug_keeps_its_traceback_and_the_normal_exit():
 STARTING = textwrap.dedent("""
     import os, signal, sys
     from mnist_ddp.core.lifetime import end_at_once_on_stop_signals, restore_stop_signals
-    if sys.argv[1] == "ignored":
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts `command &`
+    # As a terminal's shell starts a command (a test run started in the background ignores SIGINT),
+    # or as it starts `command &` from a script.
+    ignored = sys.argv[1] == "ignored"
+    signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.default_int_handler)
     end_at_once_on_stop_signals("while it starts")
     if sys.argv[1] == "restored":
         restore_stop_signals()

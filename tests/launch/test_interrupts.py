@@ -18,7 +18,7 @@ import time
 
 import pytest
 import torch
-from helpers import REPO, cli_command, cli_env, processes_mentioning, read_scalars, run_cli
+from helpers import REPO, cli_command, cli_env, default_sigint, processes_mentioning, read_scalars, run_cli
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.processes
@@ -50,7 +50,7 @@ def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
         f"+callbacks.pause.step={SIGNAL_STEP}", f"+callbacks.pause.marker={marker}", log_dir=log_dir,
     )  # fmt: skip
     run = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, start_new_session=True)  # fmt: skip
+                           text=True, start_new_session=True, preexec_fn=default_sigint)  # fmt: skip
     try:
         deadline = time.time() + 300
         while not marker.exists() and run.poll() is None and time.time() < deadline:
@@ -144,7 +144,7 @@ def test_ctrl_c_while_the_command_starts_ends_it_with_one_line_and_no_process_le
     log_dir = tmp_path / "logs"
     command = cli_command(*synthetic_data, "trainer.accelerator=cpu", "trainer.devices=2", log_dir=log_dir)
     run = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)  # fmt: skip
+                           text=True, start_new_session=True, preexec_fn=default_sigint)  # fmt: skip
     try:
         if moment == "checking":  # the forkserver starts right after the key check, before the value check's imports
             assert wait_for(lambda: len(processes_mentioning(str(log_dir))) == 2 or run.poll() is not None)
@@ -179,7 +179,7 @@ def test_ctrl_c_once_the_run_has_its_results_keeps_them(synthetic_data, tmp_path
     command = cli_command(*synthetic_data, "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1",
                           log_dir=log_dir)  # fmt: skip
     run = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, start_new_session=True)  # fmt: skip
+                           text=True, start_new_session=True, preexec_fn=default_sigint)  # fmt: skip
     try:
         assert wait_for(lambda: any(log_dir.glob("runs/*/metrics.json")) or run.poll() is not None, seconds=300)
         os.killpg(run.pid, signal.SIGINT)
