@@ -68,9 +68,19 @@ def end_at_once_on_stop_signals(when: str) -> None:
             os.write(2, f"Stopped by {signal.Signals(signum).name} {when}.\n".encode())
         os._exit(128 + signum)
 
-    for signum in STOP_SIGNALS:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            _replaced_handlers.setdefault(signum, signal.signal(signum, end))
+    for signum, replaced in on_stop_signals(end).items():
+        _replaced_handlers.setdefault(signum, replaced)
+
+
+def on_stop_signals(handler: Callable[[int, object], None]) -> dict[int, object]:
+    """Install ``handler`` for each of :data:`STOP_SIGNALS` that this process does not ignore (one
+    it was started with ignored, ``SIG_IGN``, stays so, as Python leaves it); returns the handlers
+    it replaced, by signal."""
+    return {
+        signum: signal.signal(signum, handler)
+        for signum in STOP_SIGNALS
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
 
 
 def restore_stop_signals() -> None:

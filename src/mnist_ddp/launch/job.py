@@ -114,7 +114,8 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig, objective: st
         )
     except JobInterrupted as stopped:
         remove_stacks(run_dir)
-        if "status" not in (finished := read_metrics(run_dir)) and finished:  # rank 0's task had returned
+        finished = read_metrics(run_dir)  # rank 0's own record (no status) once its task has returned
+        if finished and "status" not in finished:
             write_json(run_dir / METRICS_FILE, completed(finished, overrides, objective))
             log.warning(f"Run {run_dir} {stopped} after its task had finished: its results are kept in {METRICS_FILE}.")
             sys.exit(128 + stopped.signum)

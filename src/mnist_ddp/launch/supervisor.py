@@ -49,7 +49,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mnist_ddp.core.errors import ConfigValueError, JobFailedError
 from mnist_ddp.core.files import write_atomically
-from mnist_ddp.core.lifetime import STOP_SIGNALS, SUPERVISOR_ENV
+from mnist_ddp.core.lifetime import SUPERVISOR_ENV, on_stop_signals
 from mnist_ddp.distributed.failures import TIMEOUT_PATTERN, describe_failure, root_failure
 from mnist_ddp.launch.worker import STACKS_DIR
 
@@ -88,9 +88,7 @@ def interrupt_job_on_stop_signals() -> None:
     def interrupt(signum: int, frame: object) -> None:
         raise JobInterrupted(signum, workers_started=False)
 
-    for signum in STOP_SIGNALS:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, interrupt)
+    on_stop_signals(interrupt)
 
 
 def check_rendezvous_address(environ: os._Environ | dict = os.environ) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 
 from mnist_ddp.core.compat import run_exit_handlers
 from mnist_ddp.core.console import drop_output_when_closed
-from mnist_ddp.core.lifetime import end_with_parent
+from mnist_ddp.core.lifetime import STOP_SIGNALS, end_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +164,11 @@ def end_quietly_on_stop_signals() -> None:
     """While the worker has nothing to save (until the run's own handlers are installed, and once
     its task has returned): SIGINT, SIGTERM and SIGHUP end this process at once, with status
     128 + the signal and no traceback. After the task, Ctrl-C met a worker in its last barrier
-    (:func:`end_process_group`), whose peer had stopped: it was reported as the rank that failed."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    (:func:`end_process_group`), whose peer had stopped: it was reported as the rank that failed.
+    A signal ignored so far is handled too (unlike a command's start,
+    :func:`~mnist_ddp.core.lifetime.end_at_once_on_stop_signals`): the forkserver ignores SIGHUP,
+    which the agent passes on to the workers."""
+    for signum in STOP_SIGNALS:
         signal.signal(signum, lambda number, frame: os._exit(128 + number))
 
 
@@ -216,7 +219,7 @@ def main(job_file: str) -> None:
         end_quietly_on_stop_signals()  # its results are written: a stop now only ends it
         end_process_group()
     except SystemExit as stopped:
-        if stopped.code in {128 + signum for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}:
+        if stopped.code in {128 + signum for signum in STOP_SIGNALS}:
             # Stopped by a signal: Lightning has torn the run down and its logger flushed, and the
             # stop is logged. The interpreter's own shutdown (torch, Lightning, threads) takes
             # seconds on a busy machine, and the run must end within launcher.shutdown_timeout.
