@@ -2,13 +2,13 @@
 
 Tests a checkpoint on its data set's test split with ``trainer.devices`` DDP processes (each runs
 :func:`mnist_ddp.run.evaluate.evaluate`), on the model and data set of the checkpoint's training
-run, and writes ``test/loss`` and ``test/acc`` to ``metrics.json`` in its own run directory
-(``logs/evals/``).
+run, and writes its test metrics (``test/loss`` and ``test/acc`` for the classifier) to
+``metrics.json`` in its own run directory (``logs/evals/``).
 """
 
 from mnist_ddp.config.command_line import entry_point
 
-main, cli = entry_point("eval", task="mnist_ddp.run.evaluate:evaluate", result="test/acc")
+main, cli = entry_point("eval", task="mnist_ddp.run.evaluate:evaluate", result="checkpoint")
 
 if __name__ == "__main__":
     cli()

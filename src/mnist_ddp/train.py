@@ -2,12 +2,12 @@
 
 Composes the config from ``conf/``, checks the command line, then trains and tests each job on
 ``trainer.devices`` DDP processes (each runs :func:`mnist_ddp.run.train.fit_and_test`) and returns
-its best ``val/acc`` (what a sweeper maximizes).
+its best checkpoint's objective (``task.objective``, ``val/acc`` by default: what a sweeper optimizes).
 """
 
 from mnist_ddp.config.command_line import entry_point
 
-main, cli = entry_point("config", task="mnist_ddp.run.train:fit_and_test", result="val/acc")
+main, cli = entry_point("config", task="mnist_ddp.run.train:fit_and_test")
 
 if __name__ == "__main__":
     cli()

@@ -60,5 +60,5 @@ def test_a_run_whose_console_reader_exits_trains_on_and_completes(synthetic_data
     # Rank 0 (its progress bar, its log lines) found the reader gone, said so in the log file, and
     # trained and tested on: the test's result is logged after that line.
     gone = log.index("[rank 0][mnist_ddp.core.console][WARNING] - The reader of this process's stdout has gone")
-    assert log.index("Test accuracy", gone) > gone
+    assert log.index("Results: val/acc", gone) > gone
     assert "Traceback" not in errors and "Logging error" not in errors, errors[-3000:]

@@ -124,7 +124,7 @@ def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
         val_steps = [point.step for point in client.get_metric_history(mlflow_run.info.run_id, "val/acc")]
         assert val_steps == [step for step, _ in scalars["val/acc"]], "epoch 0 before the signal, the rest after"
         log_text = (run_dir / "train.log").read_text()
-        assert "Stopped by SIGTERM" in log_text and "Test accuracy" in log_text, "both runs in the run's train.log"
+        assert "Stopped by SIGTERM" in log_text and "Results: val/acc" in log_text, "both runs in the run's train.log"
 
 
 def wait_for(condition, seconds: float = 120) -> bool:

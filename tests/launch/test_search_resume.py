@@ -96,6 +96,8 @@ def test_a_killed_search_continues_toward_n_trials_and_finishes_the_trial_in_fli
     assert f"#2 resumes in place from {sweep_dir / '2' / 'checkpoints' / 'last.ckpt'}" in output
     assert "Continuing the search of sqlite:///" in output and "3 trials done, 1 to go" in output
 
+    # hydra.sweeper.direction is null: the task's (task.mode=max for val/acc).
+    assert study_of(sweep_dir).direction == optuna.study.StudyDirection.MAXIMIZE
     trials = study_of(sweep_dir).trials
     assert [trial.state for trial in trials] == [optuna.trial.TrialState.COMPLETE] * 4, "4 in all, none RUNNING"
     assert trials[2].params == in_flight, "the trial in flight finished with its own parameters"

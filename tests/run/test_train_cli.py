@@ -56,7 +56,7 @@ def test_tensorboard_events_hold_every_tag_and_the_test_accuracy(synthetic_run):
     (test_acc,) = scalars["test/acc"]
     # The synthetic digits are easy: a working DDP training loop gets nearly all of them right.
     assert test_acc >= 0.95
-    printed = re.search(r"Test accuracy (\d\.\d{4})", result.stdout + result.stderr)
+    printed = re.search(r"Results: .*test/acc (\d\.\d{4})", result.stdout + result.stderr)
     assert printed and float(printed.group(1)) == pytest.approx(test_acc, abs=5e-5)
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["test/acc"] == pytest.approx(test_acc)

@@ -1,5 +1,4 @@
-"""What tells one run from another in its trackers, and what the model is fed: the settings (HPARAMS in
-TensorBoard), the config as text, and one input batch as an image."""
+"""What tells one run from another in its trackers: the settings (HPARAMS in TensorBoard) and the config as text."""
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -9,14 +8,13 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
-from mnist_ddp.callbacks.figures import image_grid
 from mnist_ddp.distributed.layout import data_parallel_layout
-from mnist_ddp.loggers.media import log_figure, log_settings, media_loggers
+from mnist_ddp.loggers.media import log_settings
 
 
 class RunSummary(L.Callback):
-    """Writes a run's settings and first input batch to its loggers (global rank 0), each the way
-    its tool shows them (:mod:`mnist_ddp.loggers.media`).
+    """Writes a run's settings to its loggers (global rank 0), each the way its tool shows them
+    (:mod:`mnist_ddp.loggers.media`).
 
     When fit starts:
 
@@ -26,25 +24,18 @@ class RunSummary(L.Callback):
       ``nccl`` or ``gloo``), ``per_device_batch_size``, ``global_batch_size`` and
       ``accumulate_grad_batches``. In TensorBoard, the HPARAMS table with the overrides as its
       first columns and ``metrics`` as its metric columns; TensorBoard fills those with the last
-      point of the scalar tags, which the entry point logs last from the best checkpoint
-      (``val/acc``) and the test set (``test/acc``). Every job of a sweep is one row. In MLflow,
+      point of the scalar tags, which the training logs last from the best checkpoint
+      (``val/...``) and the test set (``test/...``). Every job of a sweep is one row. In MLflow,
       run parameters; in W&B, the run config; in CSV, ``hparams.yaml``.
     - The composed config as YAML, interpolations resolved: TensorBoard's text ``config``, MLflow's
       artifact ``config.yaml``.
-
-    At the first training step (not again when a run resumes from a checkpoint):
-
-    - Image ``train/input_batch``: up to ``max_images`` images of global rank 0's first batch as the
-      network gets them (augmented, if the data set is), un-normalized, each titled with its class
-      name (a wrong label or a blank image shows here), by the DataModule's ``spec``.
 
     Args:
         config: the job's composed config.
         overrides: the job's command-line overrides (``key=value``, as in ``.hydra/overrides.yaml``;
             default none).
         extra_hparams: more settings, such as values derived from the config (default none).
-        metrics: scalar tags shown as HPARAMS metrics (default ``("val/acc", "test/acc")``).
-        max_images: images in the input batch figure (default 64).
+        metrics: scalar tags shown as HPARAMS metrics (the task's, ``task.metrics``; default none).
     """
 
     def __init__(
@@ -52,8 +43,7 @@ class RunSummary(L.Callback):
         config: DictConfig,
         overrides: Sequence[str] = (),
         extra_hparams: Mapping[str, int | float | str] | None = None,
-        metrics: Sequence[str] = ("val/acc", "test/acc"),
-        max_images: int = 64,
+        metrics: Sequence[str] = (),
     ) -> None:
         settings = {**flatten_config(config), **(extra_hparams or {})}
         # The overrides' keys first, in the order given: a group choice (model=mlp) is not a key of
@@ -66,7 +56,6 @@ class RunSummary(L.Callback):
         self.config_yaml = OmegaConf.to_yaml(config, resolve=True)
         self.global_batch_size = config.data.global_batch_size
         self.metrics = tuple(metrics)
-        self.max_images = max_images
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -78,18 +67,6 @@ class RunSummary(L.Callback):
             "backend": dist.get_backend() if dist.is_initialized() else "none",
         }
         log_settings(trainer, {**self.hparams, **run}, self.metrics, self.config_yaml, first=list(self.overridden))
-
-    @override
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        if trainer.global_step != 0 or batch_idx != 0 or trainer.current_epoch != 0 or not trainer.is_global_zero:
-            return
-        if not media_loggers(trainer):
-            return
-        images, labels = batch[0][: self.max_images], batch[1][: self.max_images]
-        spec = trainer.datamodule.spec
-        titles = [spec.class_names[label] for label in labels.tolist()]
-        figure = image_grid(spec.denormalize(images), titles, heading="label")
-        log_figure(trainer, "train/input_batch", figure, step=0)
 
 
 def flatten_config(config: DictConfig) -> dict[str, int | float | str]:

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 
 def entry_point(
-    config_name: str, task: str, result: str, in_process: bool = False
+    config_name: str, task: str, result: str | None = None, in_process: bool = False
 ) -> tuple[Callable[[], object], Callable[[], None]]:
     """The two functions of one command, ``python -m mnist_ddp.<train|eval|predict|export>``: its
     ``main`` (Hydra's entry point, which runs each job) and ``cli`` (what the module and its console
@@ -50,7 +50,9 @@ def entry_point(
         task: ``module:function`` of what one process of a job does (``mnist_ddp.run.train:fit_and_test``);
             imported by ``main`` only, so that a bad command line is refused before torch and
             Lightning are imported (seconds).
-        result: the metric ``main`` returns (what a sweeper maximizes: ``val/acc``).
+        result: the key of the job's metrics that ``main`` returns (``predictions``, ``output``);
+            None (default): the task's objective (``task.objective``: what a sweeper optimizes),
+            which the job also records in ``metrics.json``.
         in_process: run the task in the command's own process, with no process group (export).
     """
     register_configs()
@@ -58,7 +60,8 @@ def entry_point(
     @hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base="1.3")
     @exit_on_usage_error
     def main(cfg: DictConfig) -> object:
-        return run_command(cfg, config_name, task, in_process, objective=result).get(result)
+        objective = cfg.task.objective if result is None else None
+        return run_command(cfg, config_name, task, in_process, objective=objective).get(result or objective)
 
     def cli() -> None:
         exit_without_teardown(

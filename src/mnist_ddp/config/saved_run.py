@@ -17,7 +17,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from mnist_ddp.config.schema import ModelConfig, upgrade_targets
+from mnist_ddp.config.schema import ModelConfig, TaskConfig, upgrade_targets
 from mnist_ddp.core.errors import ConfigValueError
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,9 @@ def saved_run_config(checkpoint: Path) -> DictConfig | None:
 
 def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: str, log_them: bool = False) -> None:
     """Set ``cfg.model`` and ``cfg.data`` to the model and data set of the run that wrote the
-    checkpoint ``cfg.ckpt_path`` (:func:`data_set_of_run`, against the job's ``overrides``), in place.
+    checkpoint ``cfg.ckpt_path`` (:func:`data_set_of_run`, against the job's ``overrides``), in place;
+    ``cfg.task`` to the run's task too (its metrics, its callbacks), unless ``overrides`` choose
+    the task or set a ``task.`` key (the command's own task then, whole).
 
     The one place a run's saved settings are applied: the pre-launch check applies them to the job
     it checks, the entry point to the job Hydra composed, before any worker starts; the workers
@@ -89,6 +91,8 @@ def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: s
     if run is not None:
         # Typed as the schema types this command's model (a plain node is refused there).
         cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), run.model)
+        if "task" in run and not any(override.lstrip("+~").startswith("task") for override in overrides):
+            cfg.task = OmegaConf.merge(OmegaConf.structured(TaskConfig), run.task)
     if not log_them:
         return
     if run is not None:

@@ -19,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from mnist_ddp.core.environment import run_stamp
+from mnist_ddp.core.objective import Mode
 from mnist_ddp.distributed.options import CommHook, LRScaling
 from mnist_ddp.run.export_format import ExportFormat
 
@@ -138,6 +139,22 @@ class ModelConfig:
     scheduler: Any = MISSING
     scheduler_interval: str = MISSING
     compile: bool = MISSING
+
+
+@dataclass
+class TaskConfig:
+    """``task`` group: what the engine learns from the task (``conf/task/classification.yaml``).
+
+    ``objective``: the metric (a tag the LightningModule logs in validation) that chooses the best
+    checkpoint and that a sweep optimizes; ``mode``: :class:`~mnist_ddp.core.objective.Mode`;
+    ``metrics``: the tags shown in the final lines, ``summary.csv`` and HPARAMS; ``callbacks``: the
+    task's own callbacks (figures), a name each, given to every Trainer beside ``callbacks``.
+    """
+
+    objective: str = MISSING
+    mode: Mode = MISSING
+    metrics: list[str] = MISSING
+    callbacks: dict[str, Any] = MISSING
 
 
 @dataclass
@@ -297,11 +314,12 @@ class PathsConfig:
 
 @dataclass
 class JobConfig:
-    """What every entry point's config holds: the groups that build the DataModule, model and DDP
-    Trainer. ``callbacks`` maps a name to a Lightning callback's ``_target_`` node. ``data`` is
+    """What every entry point's config holds: the task's facts, the groups that build the DataModule,
+    model and DDP Trainer. ``callbacks`` maps a name to a Lightning callback's ``_target_`` node. ``data`` is
     typed by its data set's own schema (a :class:`DataConfig`), or by none for a DataModule of
     your own."""
 
+    task: TaskConfig = MISSING
     data: Any = MISSING
     model: ModelConfig = MISSING
     trainer: TrainerConfig = MISSING

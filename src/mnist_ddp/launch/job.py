@@ -53,7 +53,7 @@ def run_job(
             name); global rank 0 writes its metrics to ``metrics.json`` and returns them.
         cfg: the job's composed config.
         in_process: run ``task`` in this process only, with no process group (an export).
-        objective: the metric a sweeper optimizes (``val/acc``), recorded as ``objective`` in
+        objective: the metric a sweeper optimizes (``task.objective``), recorded as ``objective`` in
             ``metrics.json`` for a sweep that runs the job in a process of its own to read back.
 
     Returns:

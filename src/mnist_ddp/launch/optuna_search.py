@@ -30,6 +30,7 @@ from typing_extensions import override
 
 from mnist_ddp.core.compat import optuna_search
 from mnist_ddp.core.files import write_atomically
+from mnist_ddp.core.objective import Mode
 from mnist_ddp.launch.sweep_launcher import hold_sweep
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,9 @@ SWEEP_RECORD = "multirun.yaml"
 class ResumableOptunaSweeper(Sweeper):
     """Hydra's Optuna sweeper (``hydra-optuna-sweeper``), continued when its study holds trials (see
     the module's docstring). Takes the plugin's settings (``hydra.sweeper.*``: direction, storage,
-    study_name, n_trials, n_jobs, sampler, params, ...), with ``n_trials`` the study's total.
+    study_name, n_trials, n_jobs, sampler, params, ...), with ``n_trials`` the study's total and
+    ``direction`` null for the task's (``task.mode``: ``max`` is ``maximize``), whose objective
+    (``task.objective``) each trial returns.
 
     Wraps the plugin's sweeper rather than subclassing it: Hydra imports every module of
     ``hydra_plugins`` whenever it looks for a plugin, and the plugin, an optional dependency
@@ -52,13 +55,16 @@ class ResumableOptunaSweeper(Sweeper):
         # Optuna 2 (the plugin pins optuna<3) defines its storage with the SQLAlchemy 1.x API, which
         # SQLAlchemy 1.4 (pyproject.toml says why not 2) warns about on every search.
         os.environ.setdefault("SQLALCHEMY_SILENCE_UBER_WARNING", "1")
-        from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
-
-        self.optuna = OptunaSweeper(**settings)
+        self.settings = settings
 
     @override
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
+
         self.config = config
+        if self.settings.get("direction") is None:  # the task's: the direction of the objective each trial returns
+            self.settings["direction"] = Mode(config.task.mode).optuna_direction
+        self.optuna = OptunaSweeper(**self.settings)
         self.optuna.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     @override
@@ -129,5 +135,5 @@ def finish_trials_in_flight(study: Any, launcher: Any, search_space: list[str]) 
 
 
 def objective(result: JobReturn) -> Any:
-    """The objective a job returned (``val/acc`` for a training), or None for a job that failed."""
+    """The objective a job returned (``task.objective`` of a training), or None for a job that failed."""
     return result.return_value if result.status is JobStatus.COMPLETED else None

@@ -272,7 +272,7 @@ def parallel_jobs(planned: Sequence[PlannedJob], n_jobs: int | None) -> Parallel
 
 def job_return(job: PlannedJob) -> JobReturn:
     """What Hydra's sweeper gets for a job run in its own process, or kept from an earlier run of the
-    sweep: its ``metrics.json``'s objective (``val/acc`` for a training) as the return value, or None
+    sweep: its ``metrics.json``'s objective (``task.objective`` of a training) as the return value, or None
     for a job that did not complete."""
     metrics = read_metrics(job.job_dir)
     value = metrics.get(metrics.get("objective", "")) if run_status(job.job_dir) == "completed" else None

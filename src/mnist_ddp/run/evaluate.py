@@ -1,8 +1,8 @@
 """Evaluation: what ``python -m mnist_ddp.eval`` does with each job.
 
 Every process of the job runs :func:`evaluate`: it tests the checkpoint on its shard of the data
-set's test split, and global rank 0 writes ``test/loss`` and ``test/acc`` to ``metrics.json`` in
-the job's own run directory (``logs/evals/``).
+set's test split, and global rank 0 writes the test metrics (``test/loss`` and ``test/acc`` for the
+classifier) to ``metrics.json`` in the job's own run directory (``logs/evals/``).
 Each test image is evaluated exactly once whatever the number of processes, so the metrics
 equal those of the training run's own test of the same checkpoint. The model and the data set
 are those of the checkpoint's training run.
@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from mnist_ddp.callbacks.signals import stop_on_signals
 from mnist_ddp.core.files import write_json
+from mnist_ddp.core.objective import metrics_line
 from mnist_ddp.core.run_dir import METRICS_FILE
 from mnist_ddp.models.build import build_model
 from mnist_ddp.run.host_memory import keep_freed_host_memory
@@ -31,8 +32,8 @@ def evaluate(cfg: DictConfig) -> dict:
     """One process's part of the evaluation: test the checkpoint on its shard of the test set.
 
     Returns:
-        ``test/acc``, ``test/loss``, the checkpoint and the data-parallel layout; global rank 0
-        also writes them to ``metrics.json``.
+        The test metrics the module logged (``test/acc``, ``test/loss`` for the classifier), the
+        checkpoint and the data-parallel layout; global rank 0 also writes them to ``metrics.json``.
     """
     checkpoint = Path(cfg.ckpt_path).resolve()
     keep_freed_host_memory()  # in every process: see host_memory.py
@@ -49,5 +50,5 @@ def evaluate(cfg: DictConfig) -> dict:
     metrics = {**metrics, "checkpoint": str(checkpoint), **layout}
     if trainer.is_global_zero:
         write_json(Path(cfg.paths.output_dir) / METRICS_FILE, metrics)
-    info(f"Test accuracy {metrics['test/acc']:.4f}, test loss {metrics['test/loss']:.4f} ({checkpoint})")
+    info(f"Results: {metrics_line(metrics, cfg.task.metrics)} ({checkpoint})")
     return metrics

@@ -21,6 +21,7 @@ from mnist_ddp.callbacks.run_summary import RunSummary
 from mnist_ddp.callbacks.signals import stop_on_signals
 from mnist_ddp.core.environment import launcher_restarts
 from mnist_ddp.core.files import write_json
+from mnist_ddp.core.objective import metrics_line
 from mnist_ddp.core.run_dir import METRICS_FILE
 from mnist_ddp.distributed.checkpoint_io import in_place_resume_step
 from mnist_ddp.distributed.layout import scale_learning_rate
@@ -40,8 +41,9 @@ def fit_and_test(cfg: DictConfig) -> dict:
     """One process's part of a training job: fit, then validate and test the best checkpoint.
 
     Returns:
-        The metrics (``val/acc``, ``val/loss``, ``test/acc``, ``test/loss``, the checkpoint and the
-        data-parallel layout), the same on every rank; global rank 0 also writes them to
+        The metrics the module logged in its validation and test of the best checkpoint (``val/acc``,
+        ``val/loss``, ``test/acc``, ``test/loss`` for the classifier), the checkpoint and the
+        data-parallel layout, the same on every rank; global rank 0 also writes them to
         ``metrics.json``.
     """
     keep_freed_host_memory()  # in every process: see host_memory.py
@@ -55,7 +57,9 @@ def fit_and_test(cfg: DictConfig) -> dict:
     effective_lr = scale_learning_rate(base_lr, cfg.data.global_batch_size, cfg.lr_scaling.reference_batch_size, rule)
     # HPARAMS and the config text show the config as composed (the lr a sweep set), plus the rate in use.
     run_dir = Path(cfg.paths.output_dir)
-    run_summary = RunSummary(cfg, overrides=job_overrides(run_dir), extra_hparams={"effective_lr": effective_lr})
+    run_summary = RunSummary(
+        cfg, overrides=job_overrides(run_dir), extra_hparams={"effective_lr": effective_lr}, metrics=cfg.task.metrics
+    )
     cfg.model.optimizer.lr = effective_lr
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
@@ -92,7 +96,7 @@ def fit_and_test(cfg: DictConfig) -> dict:
     with stop_on_signals(trainer):
         # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-        # The best checkpoint by val/acc; without one (fast_dev_run saves none) the final weights.
+        # The best checkpoint by task.objective; without one (fast_dev_run saves none) the final weights.
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
         (val,) = trainer.validate(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
         (test,) = trainer.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
@@ -100,10 +104,7 @@ def fit_and_test(cfg: DictConfig) -> dict:
     metrics = {**val, **test, "checkpoint": best or None, **layout}
     if trainer.is_global_zero:
         write_json(run_dir / METRICS_FILE, metrics)
-    info(
-        f"Test accuracy {metrics['test/acc']:.4f}, test loss {metrics['test/loss']:.4f}; "
-        f"val accuracy {metrics['val/acc']:.4f} (checkpoint {best or 'final weights'})"
-    )
+    info(f"Results: {metrics_line(metrics, cfg.task.metrics)} (checkpoint {best or 'final weights'})")
     info(f"Run directory: {run_dir}")
     return metrics
 

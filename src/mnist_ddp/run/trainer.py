@@ -10,6 +10,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from mnist_ddp.callbacks.exact_resume import ExactResume
+from mnist_ddp.callbacks.objective import ObjectiveLogged
 from mnist_ddp.core.environment import launcher_restarts
 from mnist_ddp.distributed.layout import (
     data_parallel_layout,
@@ -24,13 +25,15 @@ def build_trainer(
     loggers: Sequence[Logger] | None = None,
     evaluation: bool = False,
 ) -> tuple[L.Trainer, dict[str, int]]:
-    """Instantiate the Trainer with its strategy, loggers and callbacks from ``cfg``, plus
-    ``extra_callbacks`` (those built from more than their own config node). ``loggers``: those
+    """Instantiate the Trainer with its strategy, loggers and callbacks from ``cfg`` (``callbacks``,
+    then the task's own: ``task.callbacks``), plus ``extra_callbacks`` (those built from more than
+    their own config node). ``loggers``: those
     built already (:func:`mnist_ddp.loggers.trackers.build_loggers`), else built here from
     ``cfg.logger`` as for a new run (default); with no logger (``logger=[]``) the learning rate
     monitor is left out. With ``trainer.enable_progress_bar=false`` the progress bar callback is
     left out. A training Trainer also gets :class:`~mnist_ddp.callbacks.exact_resume.ExactResume`,
-    first, so that a refused resume stops before any other callback's ``on_fit_start`` writes. With
+    first, so that a refused resume stops before any other callback's ``on_fit_start`` writes, and
+    :class:`~mnist_ddp.callbacks.objective.ObjectiveLogged` for ``task.objective``. With
     ``evaluation`` (default False) the Trainer only evaluates: the global batch need not split
     evenly over the processes (:func:`~mnist_ddp.distributed.layout.per_device_eval_batch_size`).
 
@@ -48,9 +51,10 @@ def build_trainer(
             training), from the layout.
     """
     accelerator, devices = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
-    callbacks = [*(instantiate(callback) for callback in cfg.get("callbacks", {}).values()), *extra_callbacks]
+    nodes = [*cfg.get("callbacks", {}).values(), *cfg.task.callbacks.values()]
+    callbacks = [*(instantiate(node) for node in nodes if node is not None), *extra_callbacks]
     if not evaluation:
-        callbacks.insert(0, ExactResume())
+        callbacks = [ExactResume(), *callbacks, ObjectiveLogged(cfg.task.objective)]
     if not cfg.trainer.enable_progress_bar:
         # Lightning refuses a progress bar callback beside enable_progress_bar=False; the flag wins.
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
