@@ -8,7 +8,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
-from mnist_ddp.data.base import ClassificationDataModule, collate_for
+from mnist_ddp.data.base import ClassificationDataModule
+from mnist_ddp.data.sharded import collate_for
 from mnist_ddp.data.spec import DataSpec
 
 #: Repeated at the end of the train split: equal samples, which the check must count as two.

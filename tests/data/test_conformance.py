@@ -78,7 +78,7 @@ def test_training_on_the_whole_set_on_every_rank_fails():
     # Both ranks train all 245 samples: 245 trainings too many.
     assert str(failure.value) == (
         "training: 245 samples were trained more than once in epoch 0 on world_size=2: each rank must train its own "
-        "shard of train_set (ClassificationDataModule.train_dataloader, a DistributedSampler)."
+        "shard of train_set (ShardedDataModule.train_dataloader, a DistributedSampler)."
     )
     assert isinstance(failure.value, UsageError)
 
@@ -89,7 +89,7 @@ def test_padded_validation_fails():
     # 61 samples on 2 ranks: torch's DistributedSampler pads the second shard with the first sample.
     assert str(failure.value) == (
         "val: 1 sample was evaluated more than once in the validation of epoch 0 on world_size=2 (padding?): "
-        "evaluation needs each sample on exactly one rank (ClassificationDataModule.val_dataloader: unrepeated_loader)."
+        "evaluation needs each sample on exactly one rank (ShardedDataModule.val_dataloader: unrepeated_loader)."
     )
 
 
@@ -102,7 +102,7 @@ def test_a_resume_that_restarts_the_epoch_fails():
     assert str(failure.value) == (
         "resume: after resuming at step 5 on world_size=2 the run trained other samples than the uninterrupted "
         "run: 16 of 37 global batches from step 5 on differ, the first at step 5 of epoch 0: the training loader "
-        "must continue the epoch where the checkpoint left it (ClassificationDataModule.state_dict / "
+        "must continue the epoch where the checkpoint left it (ShardedDataModule.state_dict / "
         "load_state_dict, ResumableDataLoader)."
     )
 

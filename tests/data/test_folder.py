@@ -28,8 +28,8 @@ import mnist_ddp.data.folder as folder_module
 from mnist_ddp.config.command_line import check_command_line
 from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
-from mnist_ddp.data.base import GatherDataset
 from mnist_ddp.data.folder import FolderImages, ImageFolderDataModule
+from mnist_ddp.data.sharded import GatherDataset
 from mnist_ddp.models.build import build_model
 
 register_configs()

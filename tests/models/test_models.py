@@ -56,7 +56,8 @@ def test_a_network_without_the_datas_arguments_is_refused_by_name():
         "_target_": "mnist_ddp.models.classifier.MNISTClassifier", "net": {"_target_": "torch.nn.Flatten"},
         "optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1}, "scheduler": None,
     })  # fmt: skip
-    with pytest.raises(ConfigValueError, match=r"model.net: torch.nn.Flatten does not take in_channels. Every network"):
+    refused = r"model.net: torch.nn.Flatten does not take in_channels. It is built for the data with in_channels, "
+    with pytest.raises(ConfigValueError, match=refused + r"image_size, num_classes as arguments \(DataSpec"):
         build_model(model, spec)
 
 

@@ -26,7 +26,9 @@ def images(event_dir) -> list[str]:
 def monitored(checkpoint: str) -> tuple[str, str]:
     """What the best checkpoint's ModelCheckpoint monitored, and its mode, as the checkpoint records them."""
     states = torch.load(checkpoint, weights_only=True)["callbacks"]
-    ((monitor, score),) = [(state["monitor"], state["best_model_score"]) for state in states.values() if state["monitor"]]
+    ((monitor, score),) = [
+        (state["monitor"], state["best_model_score"]) for state in states.values() if state["monitor"]
+    ]
     (mode,) = re.findall(r"'mode': '(\w+)'", next(key for key in states if f"'monitor': '{monitor}'" in key))
     assert score is not None
     return monitor, mode
@@ -70,7 +72,11 @@ def test_an_objective_the_task_never_logs_is_refused_before_the_first_step(synth
     result = run_cli(*synthetic_data, *RUN, "trainer.max_epochs=1", "task.objective=val/accuracy", log_dir=tmp_path)
     assert result.returncode == 1
     last = result.stdout.strip().splitlines()[-1]
-    assert "JobFailedError: rank" in last and "task.objective=val/accuracy is never logged" in last and "logged val/acc, val/loss" in last, last
+    assert (
+        "JobFailedError: rank" in last
+        and "task.objective=val/accuracy is never logged" in last
+        and "logged val/acc, val/loss" in last
+    ), last
     run = only(tmp_path / "runs")
     assert json.loads((run / "metrics.json").read_text())["status"] == "failed"
     assert not (run / "checkpoints").exists()

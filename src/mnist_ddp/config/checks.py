@@ -22,8 +22,10 @@ import os
 import pickle
 import re
 import tempfile
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import lightning as L
 import torch
@@ -39,7 +41,7 @@ from mnist_ddp.core.environment import external_launcher, launched_externally, l
 from mnist_ddp.core.errors import ConfigValueError, UsageError, first_line
 from mnist_ddp.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, restart_hint, run_status
 from mnist_ddp.data.inputs import check_inputs
-from mnist_ddp.data.spec import DataSpec, check_same_data, read_data_spec
+from mnist_ddp.data.spec import DataSpec, read_data_spec
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.distributed.layout import (
     check_device_options,
@@ -54,6 +56,10 @@ from mnist_ddp.loggers.trackers import check_tracker_packages
 from mnist_ddp.models.build import build_model
 from mnist_ddp.models.optimization import build_lr_scheduler
 from mnist_ddp.run.export_format import output_path
+
+T = TypeVar("T")
+#: The commands whose work is the task's own (``task.predict``, ``task.export``): a task may have none.
+TASK_COMMANDS = ("predict", "export")
 
 #: The entry points that apply a training run's checkpoint instead of training, with what each
 #: does with it (for the messages): they take the model and the data set of the checkpoint's run.
@@ -85,6 +91,11 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
         cfg = job.cfg
         if not training:  # the checkpoint's run's model and data set, as the entry point applies them
             apply_run_settings(cfg, job.overrides, config_name)
+        if config_name in TASK_COMMANDS and cfg.task.get(config_name) is None:
+            raise ConfigValueError(
+                f"{config_name}: the task of ckpt_path={cfg.ckpt_path} has no {config_name} (task.{config_name} is "
+                "null in its conf/task/ YAML): name one there (docs/customizing.md#a-task-of-your-own)."
+            )
         if config_name == "export":
             datamodule = check_export_job(cfg)
         else:
@@ -116,11 +127,10 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
 def check_model(
     cfg: DictConfig, model_cfg: DictConfig, datamodule: L.LightningDataModule, config_name: str
 ) -> L.LightningModule:
-    """Build the job's model for its data, as every process will: the network for the data set's
-    image shape and classes (for a prediction, those the checkpoint keeps: it reads no data set
-    files). A checkpoint to apply must have been trained on that data
-    (:func:`~mnist_ddp.data.spec.check_same_data`); a training run's optimizer and schedule are
-    built once (:func:`check_schedule`).
+    """Build the job's model for its data, as every process will (the DataModule's
+    ``model_arguments()``; for a prediction, the data its checkpoint keeps: it reads no data set
+    files). A checkpoint to apply must have been trained on that data (the DataModule's
+    ``check_checkpoint``); a training run's optimizer and schedule are built once (:func:`check_schedule`).
 
     Returns:
         The model.
@@ -130,12 +140,14 @@ def check_model(
     """
     checkpoint = cfg.get("ckpt_path")
     applied = config_name in CHECKPOINT_USES
-    saved = _saved_spec(Path(checkpoint)) if applied else None
-    spec = saved if config_name == "predict" and saved is not None else _described(datamodule)
-    if applied and config_name != "predict":
-        check_same_data(spec, saved, Path(checkpoint), cfg.data._target_)
+    # A prediction reads no data set files: its network is built for the data its checkpoint keeps.
+    data = _saved_spec(Path(checkpoint)) if config_name == "predict" else None
+    if data is None:
+        data = datamodule
+        if applied and hasattr(datamodule, "check_checkpoint"):
+            _call_data(datamodule, lambda: datamodule.check_checkpoint(Path(checkpoint)))
     try:
-        model = build_model(model_cfg, spec)
+        model = _call_data(datamodule, lambda: build_model(model_cfg, data))
     except InstantiationException as error:
         raise _one_line("model", model_cfg, error) from None
     if config_name not in CHECKPOINT_USES:
@@ -172,19 +184,24 @@ def check_saved_hyperparameters(group: str, module: L.LightningModule | L.Lightn
         )
 
 
-def _described(datamodule: L.LightningDataModule) -> DataSpec:
-    """``datamodule.spec``, with any error of a DataModule's ``describe()`` as one line: a
-    DataModule of one's own may raise what its reading raises (a missing file's ``FileNotFoundError``).
+def _call_data(datamodule: L.LightningDataModule, call: Callable[[], T]) -> T:
+    """``call()``, with any error of a method of ``datamodule`` (a DataModule of one's own may raise
+    what its reading raises: a missing file's ``FileNotFoundError``) as one line naming the method.
+    Errors raised elsewhere (the model's constructors) pass through.
 
     Raises:
-        UsageError: the DataModule's own, or its other error naming the class.
+        UsageError: the DataModule's own, or its other error naming the class and the method.
     """
     try:
-        return datamodule.spec
+        return call()
     except UsageError:
         raise
-    except Exception as error:  # noqa: BLE001 - a user's describe() may raise anything; one line, not a traceback
-        raise UsageError(f"data: {type(datamodule).__name__}.describe() failed: {type(error).__name__}: "
+    except Exception as error:  # noqa: BLE001 - a user's DataModule may raise anything; one line, not a traceback
+        methods = [frame.f_code.co_name for frame, _ in traceback.walk_tb(error.__traceback__)
+                   if frame.f_locals.get("self") is datamodule]  # fmt: skip
+        if not methods:
+            raise
+        raise UsageError(f"data: {type(datamodule).__name__}.{methods[-1]}() failed: {type(error).__name__}: "
                          f"{first_line(error)}") from None  # fmt: skip
 
 

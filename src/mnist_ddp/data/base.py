@@ -1,102 +1,25 @@
-"""The base of every DataModule of the template (:class:`ClassificationDataModule`): you provide the
-data set's facts and its split datasets; sharding, the batch layout, exact evaluation, the resume
-position inside an epoch, normalization and augmentation come with it.
+"""The base of the image classification DataModules (:class:`ClassificationDataModule`): a subclass
+provides the data set's facts and its split datasets of uint8 images and integer labels; on top of
+the engine's sharding, exact evaluation and resume position (:class:`~mnist_ddp.data.sharded.ShardedDataModule`)
+come normalization and augmentation.
 
-- Training: a ``DistributedSampler`` (:class:`~mnist_ddp.data.sharding.ResumableDistributedSampler`)
-  gives each process a disjoint shard of the train split, reshuffled every epoch and reproducible
-  for a seed; the loader's position inside the epoch goes into checkpoints
-  (:class:`~mnist_ddp.data.sharding.ResumableDataLoader`), so a resume continues at the next
-  global batch on any world size with the same global batch.
-- Validation and test: an unpadded sampler gives each sample to exactly one process
-  (:func:`unrepeated_loader`), so metrics synced over all processes do not depend on the
-  number of processes.
-- Every batch arrives as uint8 pixels and is normalized on its device by the data set's own
-  formula (:meth:`mnist_ddp.data.spec.DataSpec.normalize`), after the optional train-time
-  augmentation (:mod:`mnist_ddp.data.augment`).
+Every batch arrives as uint8 pixels and is normalized on its device by the data set's own formula
+(:meth:`mnist_ddp.data.spec.DataSpec.normalize`), after the optional train-time augmentation
+(:mod:`mnist_ddp.data.augment`).
 """
 
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
-import lightning as L
-import torch
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate, default_convert
+from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
-from mnist_ddp.core.compat import epoch_batches_processed
 from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.data.augment import crop_and_flip
-from mnist_ddp.data.sharding import ResumableDataLoader, ResumableDistributedSampler
-from mnist_ddp.data.spec import DataSpec
-from mnist_ddp.distributed.layout import per_device_batch_size, per_device_eval_batch_size
-
-
-class GatherDataset(TensorDataset):
-    """A ``TensorDataset`` that serves a whole batch as one gather: ``(images[indices], labels[indices])``.
-
-    torch's DataLoader hands a batch's indices (from its sampler, here the ``DistributedSampler``)
-    to ``__getitems__`` when a dataset has it; with ``collate_fn=default_convert`` the result
-    is the batch as is (:class:`ClassificationDataModule` chooses it for this class). Without
-    it, the DataLoader calls ``dataset[i]`` once per sample and stacks the samples in
-    ``default_collate``: Python work per sample, which on 2 CPU cores costs more than the gather
-    itself (``python -m benchmarks.run`` measures both). Lightning's own loader rewrites
-    (``trainer.overfit_batches``) keep the dataset, batch size and collate function, so they
-    keep this path.
-    """
-
-    def __getitems__(self, indices: list[int]) -> tuple[Tensor, ...]:
-        """``indices``: the batch's ``B`` sample indices -> each tensor's rows at them, ``(B, ...)``."""
-        index = torch.as_tensor(indices, dtype=torch.int64, device=self.tensors[0].device)
-        # index_select, not tensor[index]: the same rows, but advanced indexing splits a batch's
-        # gather over torch's threads and waits for the slowest, milliseconds per batch on busy cores
-        # instead of microseconds (python -m benchmarks.pipeline; the figures are in the CHANGELOG).
-        return tuple(tensor.index_select(0, index) for tensor in self.tensors)
-
-    def with_indices(self) -> "GatherDataset":
-        """The same samples, each batch with a third tensor: the samples' indices ``(B,)`` int64."""
-        images = self.tensors[0]
-        return GatherDataset(*self.tensors, torch.arange(len(images), device=images.device))
-
-    def to(self, device: torch.device | str) -> "GatherDataset":
-        """A copy with every tensor on ``device``."""
-        return GatherDataset(*(tensor.to(device) for tensor in self.tensors))
-
-
-class WithIndices(Dataset):
-    """A per-sample dataset whose samples carry their index: ``dataset[i] + (i,)``."""
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> tuple:
-        return (*self.dataset[index], index)
-
-
-def collate_for(dataset: Dataset):
-    """The DataLoader's ``collate_fn`` for ``dataset``: none to do for a :class:`GatherDataset`
-    (its batches come whole), torch's ``default_collate`` (stack the samples) for any other."""
-    return default_convert if isinstance(dataset, GatherDataset) else default_collate
-
-
-def unrepeated_loader(dataset: Dataset, world_size: int, global_rank: int, **options) -> DataLoader:
-    """A DataLoader of this replica's shard of ``dataset`` for evaluation or prediction: every sample
-    goes to exactly one of the ``world_size`` replicas, in order (replica ``r`` takes samples ``r``,
-    ``r + world_size``, ...), and none is repeated; ``options`` are the DataLoader's others
-    (``collate_fn`` defaults to :func:`collate_for`).
-
-    torch's DistributedSampler pads the last shard with repeated samples, which would count them
-    twice in val/test metrics (and predict them twice). Lightning's unpadded sampler, the one
-    ``trainer.predict`` puts in by itself, lets shard sizes differ by one instead; this is safe
-    because evaluation and prediction run no collective per batch, only at the end of the epoch.
-    Each replica needs a sample: its assertion refuses a ``dataset`` smaller than ``world_size``.
-    """
-    sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world_size, rank=global_rank, shuffle=False)
-    return DataLoader(dataset, sampler=sampler, **{"collate_fn": collate_for(dataset), **options})
+from mnist_ddp.data.sharded import ShardedDataModule, collate_for
+from mnist_ddp.data.spec import DataSpec, check_same_data, read_data_spec
 
 
 def first_pixels(dataset: Dataset, count: int) -> Tensor:
@@ -106,10 +29,11 @@ def first_pixels(dataset: Dataset, count: int) -> Tensor:
     return next(iter(loader))[0].cpu().clone()
 
 
-class ClassificationDataModule(L.LightningDataModule):
-    """The base of the template's DataModules: a subclass provides the data set's facts and its
-    split datasets; sharding, the batch layout, exact evaluation, the resume position,
-    normalization and augmentation come with it.
+class ClassificationDataModule(ShardedDataModule):
+    """The base of the template's image classification DataModules: a subclass provides the data
+    set's facts and its split datasets; sharding, the batch layout, exact evaluation and the resume
+    position come from :class:`~mnist_ddp.data.sharded.ShardedDataModule`, normalization and
+    augmentation from here.
 
     A subclass implements:
 
@@ -119,47 +43,30 @@ class ClassificationDataModule(L.LightningDataModule):
     - ``setup(stage)``: set :attr:`train_set` and :attr:`val_set` for ``"fit"`` and
       ``"validate"``, :attr:`test_set` for ``"test"``. Each is a map-style dataset whose sample
       ``i`` is ``(pixels, label)``: ``(C, H, W)`` uint8 and an int in ``0..num_classes - 1``
-      (torch's ``default_collate`` stacks them), or a :class:`GatherDataset` of ``(N, C, H, W)``
-      uint8 and ``(N,)`` int64 tensors, which serves whole batches.
-    - optionally ``prepare_data()``: fetch and check the files, once per node (or once per job:
-      ``prepare_data_per_node``), before any process trains; the training command calls it
-      before it starts the processes, so that a bad data set is one line, not an error per rank.
-    - optionally :meth:`check_val_size`: refuse a validation split that leaves no training sample,
-      which the training command calls after ``prepare_data`` (evaluation has no such split).
+      (torch's ``default_collate`` stacks them), or a :class:`~mnist_ddp.data.sharded.GatherDataset`
+      of ``(N, C, H, W)`` uint8 and ``(N,)`` int64 tensors, which serves whole batches.
+    - optionally ``prepare_data()`` and :meth:`check_val_size`
+      (:class:`~mnist_ddp.data.sharded.ShardedDataModule` says when they run).
 
-    ``mnist_ddp.data.conformance`` checks on 2 and 3 processes that a subclass keeps the
-    guarantees (every training sample once per epoch, evaluation exact, the resume position
-    exact).
+    The network is built for :attr:`spec` (:meth:`model_arguments`), and a checkpoint is applied
+    only to the data it was trained for (:meth:`check_checkpoint`).
 
     Args:
-        global_batch_size: samples per optimizer step summed over all processes; each process
-            loads ``global_batch_size / (world_size * accumulate_grad_batches)`` per step.
-        num_workers: DataLoader worker processes per DDP process (default 0).
-        shuffle_seed: seed of the training sampler's per-epoch permutation and of the
-            augmentation's draws (default 0; the configs give ``${seed}``).
+        global_batch_size, num_workers, shuffle_seed, prepare_data_per_node, on_device: see
+            :class:`~mnist_ddp.data.sharded.ShardedDataModule`; ``shuffle_seed`` also seeds the
+            augmentation's draws.
         crop_padding: train-time random crop: pixels of zero padding on each side, then a crop
             back to the image size at a random offset (default 0: off). For natural images, about
             an eighth of the image size (4 for 32x32); off for digits, whose position matters.
         horizontal_flip: train-time random left-right flip with probability 1/2 (default False;
             off for digits and text, which a mirror changes).
-        prepare_data_per_node: True (default): ``prepare_data`` runs on local rank 0 of every
-            node, for data on node-local disks. False: on global rank 0 only, for data on a
-            filesystem all nodes share.
-        on_device: False (default): the splits stay in host memory and Lightning copies each
-            batch to the device. True: a :class:`GatherDataset` split is moved to the process's
-            device once, and each batch is an index gather there, with no host-to-device copy per
-            step. For GPUs; on CPU it changes nothing.
 
     The augmentation draws of a sample depend only on ``shuffle_seed``, the epoch and the
     sample's index (:mod:`mnist_ddp.data.augment`), so a resume in place, on another world size
     or with another ``num_workers`` sees the same augmented batches as the uninterrupted run.
 
     Raises:
-        ConfigValueError: from the constructor for a negative ``crop_padding`` or
-            ``num_workers``; from the loaders when ``on_device`` is combined with ``num_workers``
-            > 0 (worker processes cannot serve tensors that live on a GPU).
-        BatchSizeError: from the dataloaders, for a global batch that does not split evenly
-            over the processes (see :func:`mnist_ddp.distributed.layout.per_device_batch_size`).
+        ConfigValueError: from the constructor for a negative ``crop_padding`` or ``num_workers``.
     """
 
     def __init__(
@@ -172,23 +79,11 @@ class ClassificationDataModule(L.LightningDataModule):
         prepare_data_per_node: bool = True,
         on_device: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__(global_batch_size, num_workers, shuffle_seed, prepare_data_per_node, on_device)
         if crop_padding < 0:
             raise ConfigValueError(f"data.crop_padding={crop_padding} must be 0 (no crop) or more pixels.")
-        if num_workers < 0:
-            raise ConfigValueError(f"data.num_workers={num_workers} must be 0 (load in the process) or more.")
-        self.global_batch_size = global_batch_size
-        self.num_workers = num_workers
-        self.shuffle_seed = shuffle_seed
         self.crop_padding = crop_padding
         self.horizontal_flip = horizontal_flip
-        self.prepare_data_per_node = prepare_data_per_node  # read by Lightning
-        self.on_device = on_device
-        self.train_set: Dataset | None = None
-        self.val_set: Dataset | None = None
-        self.test_set: Dataset | None = None
-        # Where a resumed epoch continues (load_state_dict), until the training loader is built.
-        self._train_position: dict | None = None
 
     def describe(self) -> DataSpec:
         """The data set's facts: class names, image shape, normalization (see the class's docstring).
@@ -197,14 +92,6 @@ class ClassificationDataModule(L.LightningDataModule):
             NotImplementedError: in a subclass that does not define it.
         """
         raise NotImplementedError(f"{type(self).__name__} must define describe() -> DataSpec")
-
-    def check_val_size(self) -> None:
-        """Refuse a validation split that leaves no training sample (or no validation sample), cheaply,
-        before any process starts. Nothing to check by default.
-
-        Raises:
-            ConfigValueError: in a subclass, naming the key and the split's size.
-        """
 
     @cached_property
     def spec(self) -> DataSpec:
@@ -222,81 +109,37 @@ class ClassificationDataModule(L.LightningDataModule):
         return self.crop_padding > 0 or self.horizontal_flip
 
     @property
-    def per_device_batch_size(self) -> int:
-        """Micro-batch size of one process under the attached Trainer."""
-        return per_device_batch_size(
-            self.global_batch_size, self.trainer.world_size, self.trainer.accumulate_grad_batches
-        )
+    @override
+    def serves_indices(self) -> bool:
+        # The augmentation's draws need each sample's index (mnist_ddp.data.augment).
+        return self.augments
 
     @override
-    def train_dataloader(self) -> DataLoader:
-        dataset = self._split("train_set")
-        if self.augments:  # the draws need each sample's index (mnist_ddp.data.augment)
-            dataset = dataset.with_indices() if isinstance(dataset, GatherDataset) else WithIndices(dataset)
-        # drop_last on the sampler: every rank gets the same number of samples, so no rank waits
-        # in an AllReduce for a batch another rank never runs; at most world_size - 1 samples of
-        # the train split are left out of each epoch (a different few each epoch). The loader's
-        # position in the epoch goes into checkpoints, so a resume continues at the next global
-        # batch, on any world size with this global batch (mnist_ddp.data.sharding).
-        sampler = ResumableDistributedSampler(
-            dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, seed=self.shuffle_seed
-        )
-        loader = ResumableDataLoader(
-            dataset,
-            sampler=sampler,
-            # Lightning's count of this epoch's batches, read when a checkpoint is saved.
-            trained_batches=lambda: epoch_batches_processed(self.trainer),
-            global_batch_size=self.global_batch_size,
-            **self._loader_options(dataset, self.per_device_batch_size),
-        )
-        if self._train_position:
-            loader.load_state_dict(self._train_position)
-            self._train_position = None
-        return loader
+    def model_arguments(self) -> dict[str, Any]:
+        """``net``: the data's ``in_channels``, ``image_size`` and ``num_classes``; ``data_spec``: the
+        spec, which the classifier keeps in every checkpoint (:meth:`~mnist_ddp.data.spec.DataSpec.model_arguments`)."""
+        return self.spec.model_arguments()
 
     @override
-    def val_dataloader(self) -> DataLoader:
-        return self._eval_loader(self._split("val_set"))
+    def check_checkpoint(self, checkpoint: Path) -> None:
+        """Refuse a checkpoint whose data spec (:func:`~mnist_ddp.data.spec.read_data_spec`) differs
+        from :attr:`spec` (:func:`~mnist_ddp.data.spec.check_same_data`); one that keeps none, or
+        cannot be read, is not checked here."""
+        try:
+            saved = read_data_spec(checkpoint)
+        except Exception:  # noqa: BLE001 - any unreadable file: the checkpoint's own check says why, in one line
+            return
+        check_same_data(self.spec, saved, checkpoint, f"{type(self).__module__}.{type(self).__name__}")
 
     @override
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader(self._split("test_set"))
-
-    def _eval_loader(self, dataset: Dataset) -> DataLoader:
-        batch_size = per_device_eval_batch_size(self.global_batch_size, self.trainer.world_size)
-        return unrepeated_loader(
-            dataset, self.trainer.world_size, self.trainer.global_rank, **self._loader_options(dataset, batch_size)
+    def summary(self) -> str:
+        spec = self.spec
+        channels, height, width = spec.input_shape
+        labels = ", ".join(f"{index}={name}" for index, name in enumerate(spec.class_names))
+        return (
+            f"{spec.num_classes} classes ({labels}), images {channels}x{height}x{width}, per-channel mean "
+            f"{[round(v, 4) for v in spec.mean]} and std {[round(v, 4) for v in spec.std]} (on a 0..1 scale)"
         )
-
-    def _split(self, name: str) -> Dataset:
-        """The split dataset ``name`` set by ``setup``, moved to the device once with ``on_device``."""
-        dataset = getattr(self, name)
-        if dataset is None:
-            raise RuntimeError(f"{type(self).__name__}.setup() did not set {name}")
-        if self.on_device:
-            if self.num_workers > 0:
-                raise ConfigValueError(
-                    "data.on_device=true keeps the data on the GPU, which DataLoader workers cannot serve from: "
-                    f"set data.num_workers=0 (not {self.num_workers}) or data.on_device=false."
-                )
-            device = self.trainer.strategy.root_device
-            if isinstance(dataset, GatherDataset) and dataset.tensors[0].device != device:
-                dataset = dataset.to(device)
-                setattr(self, name, dataset)
-        return dataset
-
-    def _loader_options(self, dataset: Dataset, batch_size: int) -> dict[str, Any]:
-        return {
-            "batch_size": batch_size,
-            "collate_fn": collate_for(dataset),
-            "num_workers": self.num_workers,
-            "persistent_workers": self.num_workers > 0,
-            # A loader draws its workers' base seed each time it starts an epoch, from torch's global
-            # generator unless it has its own. The global one also draws the dropout masks, and a
-            # resume inside an epoch starts the loader once more than the uninterrupted run did
-            # (after the checkpoint restored the generator): the masks would shift from there on.
-            "generator": torch.Generator().manual_seed(self.shuffle_seed),
-        }
 
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> tuple[Tensor, Tensor]:
@@ -309,16 +152,3 @@ class ClassificationDataModule(L.LightningDataModule):
                 self.horizontal_flip,
             )  # fmt: skip
         return self.spec.normalize(pixels), labels
-
-    @override
-    def state_dict(self) -> dict:
-        # The training position, restored by load_state_dict before the loader exists. Lightning
-        # also saves the loader's state itself, but restores it only when the loader is built after
-        # the checkpoint's loops are loaded; a one-cycle schedule's length (configure_optimizers,
-        # Trainer.estimated_stepping_batches) builds it earlier, and Lightning's copy is never used.
-        loader = self.trainer.train_dataloader if self.trainer is not None else None
-        return {"train_position": loader.state_dict()} if isinstance(loader, ResumableDataLoader) else {}
-
-    @override
-    def load_state_dict(self, state_dict: dict) -> None:
-        self._train_position = state_dict.get("train_position")

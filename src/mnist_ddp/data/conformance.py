@@ -1,5 +1,5 @@
 """A check, for your own tests, that a DataModule keeps the guarantees of
-:class:`~mnist_ddp.data.base.ClassificationDataModule` under DDP (:func:`check_conformance`).
+:class:`~mnist_ddp.data.sharded.ShardedDataModule` under DDP (:func:`check_conformance`), whatever its samples.
 
 What it proves, on real gloo process groups of each world size ``W`` (2 and 3 by default), each
 process running a real Lightning ``Trainer(accelerator="cpu", devices=W, strategy="ddp",
@@ -22,7 +22,7 @@ How: the processes are started by torch's elastic agent (as torchrun starts them
 reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` and starts no
 process itself. In each process the DataModule is built from ``data`` with Hydra's
 ``instantiate``, and its ``on_after_batch_transfer`` is wrapped to identify every sample of
-every batch by its content (a hash of the raw pixels, their dtype and shape, and the label)
+every batch by its content (a hash of its inputs and its target, their dtypes and shapes)
 *before* normalization and augmentation. The processes return their records to this process,
 which compares them with the split datasets themselves, iterated here (as multisets: duplicate
 images in a data set are fine) and raises :class:`ConformanceError` at the first fault found,
@@ -71,7 +71,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from mnist_ddp.core.compat import epoch_batches_ready
 from mnist_ddp.core.errors import UsageError
-from mnist_ddp.data.base import collate_for
+from mnist_ddp.data.sharded import collate_for
 
 #: ``(epoch, global batch index within the epoch)``: a global batch, the same key on every world size.
 _BatchKey = tuple[int, int]
@@ -275,28 +275,28 @@ def _read_splits(config: dict) -> dict[str, Counter]:
 def _dataset_ids(dataset: Dataset) -> Counter:
     """Every sample's id (:func:`sample_ids`), counted, read as the loaders read it (the same collate)."""
     ids = Counter()
-    for pixels, labels, *_ in DataLoader(dataset, batch_size=256, collate_fn=collate_for(dataset)):
-        ids.update(sample_ids(pixels, labels))
+    for inputs, targets, *_ in DataLoader(dataset, batch_size=256, collate_fn=collate_for(dataset)):
+        ids.update(sample_ids(inputs, targets))
     return ids
 
 
-def sample_ids(pixels: Tensor, labels: Tensor) -> list[str]:
-    """One id per sample of a batch: a SHA-1 of its pixels' bytes, dtype and shape and its label.
+def sample_ids(inputs: Tensor, targets: Tensor) -> list[str]:
+    """One id per sample of a batch: a SHA-1 of its inputs' and its target's bytes, dtypes and shapes.
 
     Args:
-        pixels: ``(B, ...)``, as the loader serves them (uint8 ``(B, C, H, W)`` in the template).
-        labels: ``(B,)`` integers.
+        inputs: ``(B, ...)``, as the loader serves them (uint8 ``(B, C, H, W)`` images, float
+            ``(B, C, L)`` sequences, ...).
+        targets: ``(B, ...)``: class labels ``(B,)``, regression targets ``(B, K)``, ...
 
     Returns:
         ``B`` hex strings (20 characters); equal samples get equal ids.
     """
-    pixels = pixels.detach().cpu().contiguous()
-    rows = pixels.reshape(len(pixels), -1).numpy()
-    header = f"{pixels.dtype}{tuple(pixels.shape[1:])}".encode()
-    return [
-        hashlib.sha1(header + row.tobytes() + b"|%d" % label).hexdigest()[:20]
-        for row, label in zip(rows, labels.detach().cpu().reshape(-1).tolist())
-    ]
+    parts = []
+    for tensor in (inputs, torch.as_tensor(targets)):
+        tensor = tensor.detach().cpu().contiguous()
+        header = f"{tensor.dtype}{tuple(tensor.shape[1:])}|".encode()
+        parts.append([header + row.tobytes() for row in tensor.reshape(len(tensor), -1).numpy()])
+    return [hashlib.sha1(b"".join(sample)).hexdigest()[:20] for sample in zip(*parts)]
 
 
 # The comparisons, in this process.
@@ -335,20 +335,20 @@ def _check_training(run: _Run, split: Counter, plan: "_Plan", global_batch_size:
         if repeated := sum(max(0, count - split[sample]) for sample, count in trained.items() if sample in split):
             raise ConformanceError(
                 f"training: {_samples(repeated, 'was', 'were')} trained more than once {where}: each rank must train "
-                "its own shard of train_set (ClassificationDataModule.train_dataloader, a DistributedSampler)."
+                "its own shard of train_set (ShardedDataModule.train_dataloader, a DistributedSampler)."
             )
         if foreign := sum(count for sample, count in trained.items() if sample not in split):
             raise ConformanceError(
                 f"training: {_samples(foreign)} trained {where} {_verb(foreign, 'is not one', 'are not')} of "
-                "train_set's: the training loader must serve setup()'s train_set as it is, (pixels, labels), and "
-                "augment in on_after_batch_transfer (ClassificationDataModule)."
+                "train_set's: the training loader must serve setup()'s train_set as it is, (inputs, targets), and "
+                "transform them in on_after_batch_transfer (ShardedDataModule)."
             )
         left_out = sum((split - trained).values())
         if plan.steps is None and left_out > size - 1:
             raise ConformanceError(
                 f"training: {left_out} of the {_samples(total)} of train_set {_verb(left_out, 'was', 'were')} not "
                 f"trained {where} (at most {size - 1}, the remainder the sampler drops, may be left out): the ranks' "
-                "shards must cover the split (ClassificationDataModule.train_dataloader, a DistributedSampler)."
+                "shards must cover the split (ShardedDataModule.train_dataloader, a DistributedSampler)."
             )
         for index, batch in enumerate(batches):
             count = sum(batch.values())
@@ -356,7 +356,7 @@ def _check_training(run: _Run, split: Counter, plan: "_Plan", global_batch_size:
                 raise ConformanceError(
                     f"training: global batch {index} {where} holds {_samples(count)}, not "
                     f"global_batch_size={global_batch_size}: each rank must load global_batch_size / world_size "
-                    "samples per step (ClassificationDataModule.per_device_batch_size)."
+                    "samples per step (ShardedDataModule.per_device_batch_size)."
                 )
         steps.append(len(batches))
         trained_counts.append(sum(trained.values()))
@@ -378,7 +378,7 @@ def _check_evaluation(run: _Run, reference: dict[str, Counter], size: int) -> di
     for loop, seen in sorted(run.evaluated.items(), key=lambda item: (item[0] == "test", item[0])):
         split = "test" if loop == "test" else "val"
         expected, total, where = reference[split], sum(reference[split].values()), f"in the {loop} on world_size={size}"
-        hook = f"ClassificationDataModule.{split}_dataloader: unrepeated_loader"
+        hook = f"ShardedDataModule.{split}_dataloader: unrepeated_loader"
         if repeated := sum(max(0, count - expected[sample]) for sample, count in seen.items() if sample in expected):
             raise ConformanceError(
                 f"{split}: {_samples(repeated, 'was', 'were')} evaluated more than once {where} (padding?): "
@@ -429,7 +429,7 @@ def _check_resume(resumed: _Run, uninterrupted: _Run, source: int, size: int, st
             f"resume: after resuming at step {step}{checkpoint} on world_size={size} the run trained other samples "
             f"than the uninterrupted run: {len(differing)} of {len(keys)} global batches from step {step} on differ, "
             f"the first at step {index} of epoch {epoch}: the training loader must continue the epoch where the "
-            "checkpoint left it (ClassificationDataModule.state_dict / load_state_dict, ResumableDataLoader)."
+            "checkpoint left it (ShardedDataModule.state_dict / load_state_dict, ResumableDataLoader)."
         )
     return len(keys)
 
@@ -622,17 +622,17 @@ class _Recorder:
 
         def recording(batch: Any, dataloader_idx: int) -> Any:
             trainer = datamodule.trainer
-            pixels, labels = batch[0], batch[1]
+            inputs, targets = batch[0], batch[1]
             if trainer.training:
                 # Lightning counts the epoch's batches once this hook has returned: this batch's index,
                 # which a resumed run restores from the checkpoint.
                 index = epoch_batches_ready(trainer)
-                self.records["train"].append((trainer.current_epoch, index, sample_ids(pixels, labels)))
+                self.records["train"].append((trainer.current_epoch, index, sample_ids(inputs, targets)))
             elif trainer.validating:
                 loop = f"validation of epoch {trainer.current_epoch}"
-                self.records["evaluated"].append((loop, sample_ids(pixels, labels)))
+                self.records["evaluated"].append((loop, sample_ids(inputs, targets)))
             elif trainer.testing:
-                self.records["evaluated"].append(("test", sample_ids(pixels, labels)))
+                self.records["evaluated"].append(("test", sample_ids(inputs, targets)))
             return original(batch, dataloader_idx)
 
         # An attribute of the instance: Lightning calls the DataModule's hook by name (getattr).

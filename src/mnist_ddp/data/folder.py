@@ -36,8 +36,9 @@ from typing_extensions import override
 
 from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from mnist_ddp.core.files import write_json
-from mnist_ddp.data.base import ClassificationDataModule, GatherDataset
+from mnist_ddp.data.base import ClassificationDataModule
 from mnist_ddp.data.images import decode_image_file, is_image_file, resized
+from mnist_ddp.data.sharded import GatherDataset
 from mnist_ddp.data.spec import DataSpec, per_channel
 
 log = logging.getLogger(__name__)

@@ -135,7 +135,7 @@ class InputImages(Dataset):
     (:meth:`~mnist_ddp.data.spec.DataSpec.normalize`). An IDX file is read whole once (a few MB);
     image files are decoded as their batch is served, so that each replica decodes only its own
     shard. It serves whole batches (``__getitems__``), as a
-    :class:`~mnist_ddp.data.base.GatherDataset` does: a DataLoader over it needs
+    :class:`~mnist_ddp.data.sharded.GatherDataset` does: a DataLoader over it needs
     ``collate_fn=default_convert``.
 
     Args:

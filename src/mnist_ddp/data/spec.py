@@ -83,6 +83,11 @@ class DataSpec:
         and ``num_classes`` (:mod:`mnist_ddp.models.networks`)."""
         return {"in_channels": self.channels, "image_size": list(self.image_size), "num_classes": self.num_classes}
 
+    def model_arguments(self) -> dict[str, Any]:
+        """What the classifier is built for (:func:`mnist_ddp.models.build.build_model`): ``net``, the
+        :meth:`network_arguments`; ``data_spec``, this spec, which it keeps in every checkpoint."""
+        return {"net": self.network_arguments(), "data_spec": self.to_dict()}
+
     def normalize(self, pixels: Tensor) -> Tensor:
         """``(N, C, H, W)`` uint8 pixels -> ``(N, C, H, W)`` float32 (:func:`normalize_pixels`), on the
         pixels' own device: training batches and ``predict``'s inputs go through it."""

@@ -1,6 +1,7 @@
-"""A model config built for a data set: the one place where the data's facts reach the network."""
+"""A model config built for its data: the one place where the data's facts reach the LightningModule."""
 
 import re
+from typing import Any
 
 import lightning as L
 from hydra.errors import InstantiationException
@@ -8,27 +9,35 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from mnist_ddp.core.errors import ConfigValueError
-from mnist_ddp.data.spec import DataSpec
 
 
-def build_model(model: DictConfig, spec: DataSpec) -> L.LightningModule:
-    """Instantiate the ``model`` config node (its ``_target_``: the LightningModule) for the data that
-    ``spec`` describes: ``model.net`` gets the data's ``in_channels``, ``image_size`` and
-    ``num_classes`` (:meth:`~mnist_ddp.data.spec.DataSpec.network_arguments`), the module gets
-    ``data_spec``.
+def build_model(model: DictConfig, data: Any) -> L.LightningModule:
+    """Instantiate the ``model`` config node (its ``_target_``: the LightningModule) for ``data``
+    (a DataModule, or what describes one, such as a checkpoint's
+    :class:`~mnist_ddp.data.spec.DataSpec`): with the keyword arguments its ``model_arguments()``
+    gives (:meth:`~mnist_ddp.data.sharded.ShardedDataModule.model_arguments`; none without it),
+    nested as the config is (``net``: the network's, such as the image classifier's
+    ``in_channels``, ``image_size`` and ``num_classes``).
 
     Raises:
-        ConfigValueError: when the network's class does not take those three arguments (named,
-            with the fix).
+        ConfigValueError: when a class does not take an argument that the data gives it (named,
+            with the arguments the data gives and the fix).
         hydra.errors.InstantiationException: any other error of the classes' constructors.
     """
+    arguments = data.model_arguments() if hasattr(data, "model_arguments") else {}
     try:
-        return instantiate(model, net=spec.network_arguments(), data_spec=spec.to_dict())
+        return instantiate(model, **arguments)
     except InstantiationException as error:
-        taken = re.search(r"unexpected keyword argument '(in_channels|image_size|num_classes)'", str(error.__cause__))
-        if taken is None:
+        taken = re.search(r"unexpected keyword argument '(\w+)'", str(error.__cause__))
+        # The config node whose class refused one of the data's arguments: a nested one's (net), or the module's.
+        node = next(
+            (key for key, value in arguments.items() if isinstance(value, dict) and taken and taken[1] in value), None
+        )
+        if taken is None or (node is None and taken[1] not in arguments):
             raise
+        given = arguments[node] if node else arguments
+        path, target = (f"model.{node}", model[node]._target_) if node else ("model", model._target_)
         raise ConfigValueError(
-            f"model.net: {model.net._target_} does not take {taken[1]}. Every network takes the data's in_channels, "
-            "image_size and num_classes as its first three arguments (docs/customizing.md#a-network-of-your-own)."
+            f"{path}: {target} does not take {taken[1]}. It is built for the data with {', '.join(given)} as "
+            f"arguments ({type(data).__name__}.model_arguments(); docs/customizing.md#a-network-of-your-own)."
         ) from None

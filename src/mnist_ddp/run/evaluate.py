@@ -40,7 +40,7 @@ def evaluate(cfg: DictConfig) -> dict:
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
-    model = build_model(cfg.model, datamodule.spec)
+    model = build_model(cfg.model, datamodule)
     trainer, layout = build_trainer(cfg, evaluation=True)
 
     with stop_on_signals(trainer):

@@ -7,7 +7,7 @@ and global rank 0 writes
 input order (:data:`COLUMNS`).
 
 Each replica predicts its own shard, inputs ``r``, ``r + world_size``, ... for global rank ``r``:
-the unpadded sharding of evaluation (:func:`mnist_ddp.data.base.unrepeated_loader`), which is
+the unpadded sharding of evaluation (:func:`mnist_ddp.data.sharded.unrepeated_loader`), which is
 also the one ``trainer.predict`` puts in by itself, so that every input is predicted exactly once
 whatever the number of processes. At the end of the prediction epoch the replicas' rows meet in
 one all-gather (:class:`PredictionCSV`), and global rank 0 puts them back in input order and
@@ -34,8 +34,8 @@ from torch.utils.data import default_convert
 from mnist_ddp.callbacks.signals import stop_on_signals
 from mnist_ddp.core.files import write_csv, write_json
 from mnist_ddp.core.run_dir import METRICS_FILE
-from mnist_ddp.data.base import unrepeated_loader
 from mnist_ddp.data.inputs import InputImages
+from mnist_ddp.data.sharded import unrepeated_loader
 from mnist_ddp.data.spec import checkpoint_data_spec
 from mnist_ddp.models.build import build_model
 from mnist_ddp.run.host_memory import keep_freed_host_memory

@@ -63,16 +63,10 @@ def fit_and_test(cfg: DictConfig) -> dict:
     cfg.model.optimizer.lr = effective_lr
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
-    # The network is built for the data set's image shape and classes (its spec).
-    spec = datamodule.spec
-    model = build_model(cfg.model, spec)
-    channels, height, width = spec.input_shape
-    labels = ", ".join(f"{index}={name}" for index, name in enumerate(spec.class_names))
-    info(
-        f"Data set: {spec.num_classes} classes ({labels}), "
-        f"images {channels}x{height}x{width}, per-channel mean {[round(v, 4) for v in spec.mean]} and std "
-        f"{[round(v, 4) for v in spec.std]} (on a 0..1 scale)"
-    )
+    # The model is built for its data (the DataModule's model_arguments: an image shape, classes).
+    model = build_model(cfg.model, datamodule)
+    if hasattr(datamodule, "summary") and (summary := datamodule.summary()):
+        info(f"Data set: {summary}")
     # A resume in place continues the run's tracker runs; TensorBoard and CSV drop the points
     # logged after its checkpoint, which the resumed run logs again.
     purge_step = in_place_resume_step(run_dir, cfg.ckpt_path)
