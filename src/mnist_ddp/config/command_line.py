@@ -47,9 +47,10 @@ def entry_point(
 
     Args:
         config_name: the command's top-level config in ``conf/`` (``config``, ``eval``, ...).
-        task: ``module:function`` of what one process of a job does (``mnist_ddp.run.train:fit_and_test``);
-            imported by ``main`` only, so that a bad command line is refused before torch and
-            Lightning are imported (seconds).
+        task: ``module:function`` of what one process of a job does (``mnist_ddp.run.train:fit_and_test``),
+            or the config key that holds it (``task.predict``: the task's own, declared in
+            ``conf/task/``; :func:`task_function`); imported by ``main`` only, so that a bad command
+            line is refused before torch and Lightning are imported (seconds).
         result: the key of the job's metrics that ``main`` returns (``predictions``, ``output``);
             None (default): the task's objective (``task.objective``: what a sweeper optimizes),
             which the job also records in ``metrics.json``.
@@ -64,9 +65,7 @@ def entry_point(
         return run_command(cfg, config_name, task, in_process, objective=objective).get(result or objective)
 
     def cli() -> None:
-        exit_without_teardown(
-            lambda: run_entry_point(main, config_name, None if in_process else task.partition(":")[0])
-        )
+        exit_without_teardown(lambda: run_entry_point(main, config_name, None if in_process else task))
 
     return main, cli
 
@@ -93,18 +92,24 @@ def run_command(cfg: DictConfig, config_name: str, task: str, in_process: bool, 
         log.info(f"Run directory: {cfg.paths.output_dir}")
     if config_name in CHECKPOINT_USES:
         apply_run_settings(cfg, HydraConfig.get().overrides.task, config_name, log_them=rank_zero_only.rank == 0)
-    module, _, function = task.partition(":")
+    module, _, function = task_function(cfg, task).partition(":")
     return run_job(getattr(importlib.import_module(module), function), cfg, in_process=in_process, objective=objective)
 
 
-def run_entry_point(main: Callable[[], object], config_name: str, task_module: str | None = None) -> None:
+def task_function(cfg: DictConfig, task: str) -> str | None:
+    """``task`` when it is ``module:function``, else what ``cfg`` holds at the key ``task`` names
+    (``task.predict``: the task's own ``module:function``, None when the task declares none)."""
+    return task if ":" in task else OmegaConf.select(cfg, task)
+
+
+def run_entry_point(main: Callable[[], object], config_name: str, task: str | None = None) -> None:
     """What ``python -m mnist_ddp.<train|eval|predict|export>`` does.
 
     The command line is checked first (:func:`check_command_line`): a bad one exits with status 1
     and one line on stderr; a stop signal before the job's own handlers are installed ends the
     command at once (:func:`~mnist_ddp.core.lifetime.end_at_once_on_stop_signals`). Once its keys
-    are right, the forkserver of a single run's workers starts importing ``task_module`` (the
-    module of the job's task; None for an export, which runs in this process) while this process
+    are right, the forkserver of a single run's workers starts importing the module of the job's
+    ``task`` (:func:`task_function`; None for an export, which runs in this process) while this process
     checks the values. ``hydra.run.dir=<a run>
     ckpt_path=last`` is completed with that run's overrides (:mod:`mnist_ddp.config.resume`).
     Then ``main`` (Hydra's entry point) runs the job(s), told their ``hydra.mode`` by the check
@@ -126,7 +131,7 @@ def run_entry_point(main: Callable[[], object], config_name: str, task_module: s
         sys.argv = [sys.argv[0], *with_trainer_arguments(sys.argv[1:])]
         if config_name in CHECKPOINT_USES:
             sys.argv = [sys.argv[0], *with_data_set_of_run(sys.argv[1:])]
-        if (checked := check_command_line(config_name, sys.argv[1:], task_module)) is not None:
+        if (checked := check_command_line(config_name, sys.argv[1:], task)) is not None:
             tell_hydra_the_mode(checked.mode)  # Hydra's main would compose the config once more to read it
     except UsageError as error:
         print(f"Error: {error}", file=sys.stderr)
@@ -173,11 +178,12 @@ class CheckedCommand:
     mode: Any
 
 
-def check_command_line(config_name: str, args: Sequence[str], task_module: str | None = None) -> CheckedCommand | None:
+def check_command_line(config_name: str, args: Sequence[str], task: str | None = None) -> CheckedCommand | None:
     """Check every job that ``args`` (Hydra's command-line arguments) would run: its keys and
     types here (:func:`composed_jobs`) and its paths (:func:`check_paths`), then its values
     (:func:`mnist_ddp.config.checks.check_jobs`). Between the two, for a single run that starts
-    its workers on this machine, the workers' forkserver starts importing ``task_module``
+    its workers on this machine, the workers' forkserver starts importing the module of ``task``
+    (:func:`task_function`)
     (:func:`mnist_ddp.launch.supervisor.preload_workers`; a sweep's launcher starts it with its
     first job's workers, when its jobs run in this process).
 
@@ -194,10 +200,11 @@ def check_command_line(config_name: str, args: Sequence[str], task_module: str |
     named_run_dir = _named_run_dir(jobs)
     for job in jobs:
         check_paths(config_name, job.cfg)
-    if task_module is not None and len(jobs) == 1 and not jobs[0].multirun and not launched_externally():
+    function = task_function(jobs[0].cfg, task) if task is not None and jobs else None
+    if function is not None and len(jobs) == 1 and not jobs[0].multirun and not launched_externally():
         from mnist_ddp.launch.supervisor import preload_workers
 
-        preload_workers(task_module)
+        preload_workers(function.partition(":")[0])
     # torch and Lightning, which take seconds to import, only now: the keys are known to be right.
     from mnist_ddp.config.checks import check_jobs
 

@@ -148,13 +148,17 @@ class TaskConfig:
     ``objective``: the metric (a tag the LightningModule logs in validation) that chooses the best
     checkpoint and that a sweep optimizes; ``mode``: :class:`~mnist_ddp.core.objective.Mode`;
     ``metrics``: the tags shown in the final lines, ``summary.csv`` and HPARAMS; ``callbacks``: the
-    task's own callbacks (figures), a name each, given to every Trainer beside ``callbacks``.
+    task's own callbacks (figures), a name each, given to every Trainer beside ``callbacks``;
+    ``predict`` and ``export``: ``module:function`` of what ``python -m mnist_ddp.predict`` /
+    ``export`` run with a checkpoint of the task, or None for a task that has none (refused in one line).
     """
 
     objective: str = MISSING
     mode: Mode = MISSING
     metrics: list[str] = MISSING
     callbacks: dict[str, Any] = MISSING
+    predict: str | None = MISSING
+    export: str | None = MISSING
 
 
 @dataclass
@@ -380,6 +384,7 @@ class ExportConfig:
     :class:`ExportFormat`; ``output`` is the file to write, or None for one beside the checkpoint.
     """
 
+    task: TaskConfig = MISSING
     data: Any = MISSING
     model: ModelConfig = MISSING
     paths: PathsConfig = MISSING
