@@ -257,7 +257,8 @@ def parallel_jobs(planned: Sequence[PlannedJob], n_jobs: int | None) -> Parallel
     grace = max(job.config.launcher.shutdown_timeout for job in planned) + 30
     command = [sys.executable, "-m", f"{__name__.split('.')[0]}.{planned[0].config.hydra.job.name}"]
     jobs = [
-        JobProcess(job.index, job.job_dir, job.overrides, [*command, *job.overrides, f"hydra.run.dir={job.job_dir}"],
+        JobProcess(job.index, job.job_dir, job.overrides,
+                   [*command, *job.overrides, *carried_hydra_overrides(job.config), f"hydra.run.dir={job.job_dir}"],
                    need, cuda == {True}, count)
         for job, need, count in zip(planned, needs, processes)
     ]  # fmt: skip
@@ -268,6 +269,21 @@ def parallel_jobs(planned: Sequence[PlannedJob], n_jobs: int | None) -> Parallel
         "the stopped ones resume from their last.ckpt, the others run."
     )
     return ParallelJobs(jobs, pool, at_a_time, grace, hint)
+
+
+#: The sweep command's Hydra overrides that its jobs' own commands leave out: the sweep's, its
+#: sweeper's and launcher's, the mode and the run directory (each job is a single run of its own).
+SWEEP_ONLY = ("hydra.sweep", "hydra/sweeper", "hydra.launcher", "hydra/launcher", "hydra.mode", "hydra.run.")
+
+
+def carried_hydra_overrides(config: DictConfig) -> list[str]:
+    """The Hydra overrides of the sweep's command that each job's own command takes too (a job run
+    in a process of its own composes its config again): ``hydra.searchpath`` (configs outside
+    ``conf/``), ``hydra.job.*``, ``hydra.verbose``..., not the :data:`SWEEP_ONLY` ones."""
+    return [
+        override for override in config.hydra.overrides.hydra
+        if not override.lstrip("+~").split("=", 1)[0].startswith(SWEEP_ONLY)
+    ]  # fmt: skip
 
 
 def job_return(job: PlannedJob) -> JobReturn:
