@@ -1,10 +1,12 @@
 """The package's layers point one way: the import-linter contract in pyproject.toml holds for
-``src/``, and breaks, naming the import, when a lower layer imports a higher one; and no modules
-import each other in a loop, inside a package either (``tools/import_graph.py --cycles``)."""
+``src/``, and breaks, naming the import, when a lower layer imports a higher one; no modules
+import each other in a loop, inside a package either (``tools/import_graph.py --cycles``); and the
+engine imports no module of the task (a second contract), every module being one or the other."""
 
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,3 +66,37 @@ def test_a_loop_inside_a_package_is_found(tmp_path):
     result = module_cycles(planted(tmp_path, "launch/worker.py", "from mnist_ddp.launch.supervisor import JOB_FILE"))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "mnist_ddp.launch.supervisor -> mnist_ddp.launch.worker -> mnist_ddp.launch.supervisor" in result.stdout
+
+
+def test_the_engine_imports_no_task_module():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "The engine imports no task module KEPT" in result.stdout
+
+
+def test_an_engine_module_that_imports_the_task_breaks_the_contract(tmp_path):
+    line = "from mnist_ddp.models.classifier import MNISTClassifier"
+    result = lint_imports(planted(tmp_path, "launch/job.py", line))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "The engine imports no task module BROKEN" in result.stdout
+    assert "mnist_ddp.launch.job -> mnist_ddp.models.classifier" in result.stdout, result.stdout
+
+
+def test_every_module_is_the_engines_or_the_tasks():
+    """A new module is placed on one side of the contract: a module of neither would go unchecked."""
+    (contract,) = [
+        contract for contract in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+        if contract["type"] == "forbidden"
+    ]  # fmt: skip
+    sides = [*contract["source_modules"], *contract["forbidden_modules"]]
+    package = ROOT / "src" / "mnist_ddp"
+    modules = {
+        ".".join(("mnist_ddp", *path.relative_to(package).with_suffix("").parts)).removesuffix(".__init__")
+        for path in package.rglob("*.py")
+    }
+    unplaced = sorted(
+        module for module in modules - {"mnist_ddp"}
+        if not any(module == side or module.startswith(f"{side}.") for side in sides)
+        and not (package / Path(*module.split(".")[1:]) / "__init__.py").is_file()
+    )  # fmt: skip
+    assert unplaced == [], f"place these in pyproject.toml's engine or task list: {unplaced}"
