@@ -12,7 +12,7 @@ command line is refused before torch and Lightning are imported.
 
 from mnist_ddp.config.command_line import entry_point
 
-main, cli = entry_point("export", task="task.export", result="output", in_process=True)
+main, cli = entry_point("export", task="task.export.run", result="output", in_process=True)
 
 if __name__ == "__main__":
     cli()

@@ -12,7 +12,7 @@ command line is refused before torch and Lightning are imported.
 
 from mnist_ddp.config.command_line import entry_point
 
-main, cli = entry_point("predict", task="task.predict", result="predictions")
+main, cli = entry_point("predict", task="task.predict.run", result="predictions")
 
 if __name__ == "__main__":
     cli()

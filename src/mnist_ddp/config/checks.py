@@ -21,7 +21,6 @@ import io
 import os
 import pickle
 import re
-import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,11 +36,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from mnist_ddp.config.compose import Job, child_config, sweep_jobs, task_overrides
 from mnist_ddp.config.saved_run import CHECKPOINT_USES, apply_run_settings
+from mnist_ddp.config.task_commands import imported, task_command
 from mnist_ddp.core.environment import external_launcher, launched_externally, launcher_rank, launcher_restarts
 from mnist_ddp.core.errors import ConfigValueError, UsageError, first_line
+from mnist_ddp.core.files import check_writable
 from mnist_ddp.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, restart_hint, run_status
-from mnist_ddp.data.inputs import check_inputs
-from mnist_ddp.data.spec import DataSpec, read_data_spec
 from mnist_ddp.distributed.checkpoint_io import check_checkpoint
 from mnist_ddp.distributed.layout import (
     check_device_options,
@@ -55,7 +54,6 @@ from mnist_ddp.launch.sweep_launcher import hold_sweep
 from mnist_ddp.loggers.trackers import check_tracker_packages
 from mnist_ddp.models.build import build_model
 from mnist_ddp.models.optimization import build_lr_scheduler
-from mnist_ddp.run.export_format import output_path
 
 T = TypeVar("T")
 #: The commands whose work is the task's own (``task.predict``, ``task.export``): a task may have none.
@@ -91,7 +89,7 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
         cfg = job.cfg
         if not training:  # the checkpoint's run's model and data set, as the entry point applies them
             apply_run_settings(cfg, job.overrides, config_name)
-        if config_name in TASK_COMMANDS and cfg.task.get(config_name) is None:
+        if config_name in TASK_COMMANDS and task_command(cfg, config_name) is None:
             raise ConfigValueError(
                 f"{config_name}: the task of ckpt_path={cfg.ckpt_path} has no {config_name} (task.{config_name} is "
                 "null in its conf/task/ YAML): name one there (docs/customizing.md#a-task-of-your-own)."
@@ -103,10 +101,16 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
         model = check_model(cfg, cfg.model, datamodule, config_name)
         if cfg.get("ckpt_path") not in (None, "last"):  # "last": Lightning finds the run's own
             check_checkpoint(cfg.ckpt_path, model)
-        if config_name == "predict":  # its inputs, instead of the data set's files
-            world_size = cfg.trainer.num_nodes * processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices)
-            check_inputs(Path(cfg.input), world_size, model.data_spec, cfg.resize)
-        elif (data := OmegaConf.to_container(cfg.data, resolve=True)) not in [node for node, _ in data_sets]:
+        if (command := task_command(cfg, config_name)) is not None and command.check_job:
+            # A prediction's inputs (instead of the data set's files), an export's output folder.
+            world_size = (
+                1 if config_name == "export"
+                else cfg.trainer.num_nodes * processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices)
+            )  # fmt: skip
+            imported(command.check_job)(cfg, model, world_size)
+        if config_name == "predict":  # its inputs instead of the data set's files, checked above
+            continue
+        if (data := OmegaConf.to_container(cfg.data, resolve=True)) not in [node for node, _ in data_sets]:
             data_sets.append((data, datamodule))  # the one built (and described) in its job: not scanned again
     if not launched_externally() and not submitted and config_name != "export":  # an export forms no process group
         check_rendezvous_address()
@@ -140,8 +144,10 @@ def check_model(
     """
     checkpoint = cfg.get("ckpt_path")
     applied = config_name in CHECKPOINT_USES
-    # A prediction reads no data set files: its network is built for the data its checkpoint keeps.
-    data = _saved_spec(Path(checkpoint)) if config_name == "predict" else None
+    # A prediction reads no data set files: its model is built for the data its checkpoint keeps.
+    data = None
+    if config_name == "predict" and hasattr(datamodule, "model_arguments_of"):
+        data = _call_data(datamodule, lambda: datamodule.model_arguments_of(Path(checkpoint)))
     if data is None:
         data = datamodule
         if applied and hasattr(datamodule, "check_checkpoint"):
@@ -203,15 +209,6 @@ def _call_data(datamodule: L.LightningDataModule, call: Callable[[], T]) -> T:
             raise
         raise UsageError(f"data: {type(datamodule).__name__}.{methods[-1]}() failed: {type(error).__name__}: "
                          f"{first_line(error)}") from None  # fmt: skip
-
-
-def _saved_spec(checkpoint: Path) -> DataSpec | None:
-    """The data spec ``checkpoint`` keeps (:func:`~mnist_ddp.data.spec.read_data_spec`); None when it
-    keeps none, or cannot be read (:func:`check_checkpoint` then says why, in one line)."""
-    try:
-        return read_data_spec(checkpoint)
-    except Exception:  # noqa: BLE001 - any unreadable file: reported by check_checkpoint
-        return None
 
 
 def _output_dir(job: Job) -> Path:
@@ -520,9 +517,8 @@ def _one_line(group: str, node: DictConfig, error: InstantiationException) -> Us
 
 def check_export_job(cfg: DictConfig) -> L.LightningDataModule:
     """Build the data set of one export job (:func:`build_groups`; its model: :func:`check_model`)
-    and check that its output's folder and ``paths.log_dir`` are writable (the packages of its
-    format and that the file is not there yet were checked before torch was imported:
-    :func:`mnist_ddp.config.command_line.check_paths`).
+    and check that ``paths.log_dir`` is writable (its output is the task's export's to check:
+    ``task.export.check_paths`` and ``check_job``).
 
     Returns:
         The DataModule it built, for the model's check.
@@ -531,8 +527,6 @@ def check_export_job(cfg: DictConfig) -> L.LightningDataModule:
         UsageError: the first problem found, as one line.
     """
     built = build_groups(cfg, ("data",))
-    # Its format's packages and that the file is not there yet: checked before torch (command_line.check_paths).
-    check_writable("output", output_path(cfg.ckpt_path, cfg.format, cfg.output).parent)
     check_writable("paths.log_dir", Path(cfg.paths.log_dir))
     return built["data"]
 
@@ -612,27 +606,3 @@ def check_launch_environment(num_nodes: int, devices_per_node: int) -> None:
                 f"trainer.devices={devices_per_node} processes per node, but torchrun started {local} per node "
                 f"(LOCAL_WORLD_SIZE). {hint}"
             )
-
-
-def check_writable(key: str, folder: Path) -> None:
-    """Refuse an output folder this process cannot create or write into, before anything is written.
-
-    Nothing is created: the check writes a temporary file into ``folder``, or into its nearest
-    existing parent when it does not exist yet, and removes it.
-
-    Raises:
-        ConfigValueError: naming ``key``, the folder and the reason.
-    """
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    try:
-        if not existing.is_dir():
-            raise NotADirectoryError(f"{existing} is a file")
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as error:
-        reason = error.strerror or str(error)
-        raise ConfigValueError(
-            f"{key}={folder} cannot be written (creating a file in {existing}: {reason}). "
-            f"Point {key} at a folder you can write, e.g. {key}=$HOME/logs."
-        ) from None

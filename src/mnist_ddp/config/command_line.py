@@ -6,7 +6,6 @@ torch and Lightning take seconds to import, and a typo is refused in about a sec
 values that need objects built (:mod:`mnist_ddp.config.checks`), once those imports are done.
 """
 
-import importlib
 import logging
 import os
 import sys
@@ -23,16 +22,15 @@ from mnist_ddp.config.compose import Job, composed_jobs, with_trainer_arguments
 from mnist_ddp.config.resume import in_place_run_dir, override_key, resume_arguments
 from mnist_ddp.config.saved_run import CHECKPOINT_USES, apply_run_settings, run_data_option
 from mnist_ddp.config.schema import CONFIG_DIR, register_configs
+from mnist_ddp.config.task_commands import imported, task_command, task_function
 from mnist_ddp.core.compat import tell_hydra_the_mode
 from mnist_ddp.core.console import drop_output_when_closed
 from mnist_ddp.core.environment import launched_externally, launcher_rank
 from mnist_ddp.core.errors import UsageError, exit_on_usage_error
 from mnist_ddp.core.lifetime import end_at_once_on_stop_signals, end_with_parent, exit_without_teardown
 from mnist_ddp.core.run_dir import check_checkpoint_file
-from mnist_ddp.data.input_path import check_input_path
 from mnist_ddp.launch.parallel_jobs import SWEEP_ENV
 from mnist_ddp.launch.sweep_summary import failed_jobs
-from mnist_ddp.run.export_format import check_exporter, check_output, output_path
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +90,7 @@ def run_command(cfg: DictConfig, config_name: str, task: str, in_process: bool, 
         log.info(f"Run directory: {cfg.paths.output_dir}")
     if config_name in CHECKPOINT_USES:
         apply_run_settings(cfg, HydraConfig.get().overrides.task, config_name, log_them=rank_zero_only.rank == 0)
-    module, _, function = task_function(cfg, task).partition(":")
-    return run_job(getattr(importlib.import_module(module), function), cfg, in_process=in_process, objective=objective)
-
-
-def task_function(cfg: DictConfig, task: str) -> str | None:
-    """``task`` when it is ``module:function``, else what ``cfg`` holds at the key ``task`` names
-    (``task.predict``: the task's own ``module:function``, None when the task declares none)."""
-    return task if ":" in task else OmegaConf.select(cfg, task)
+    return run_job(imported(task_function(cfg, task)), cfg, in_process=in_process, objective=objective)
 
 
 def run_entry_point(main: Callable[[], object], config_name: str, task: str | None = None) -> None:
@@ -231,9 +222,9 @@ def _named_run_dir(jobs: Sequence[Job]) -> Path | None:
 def check_paths(config_name: str, cfg: DictConfig) -> None:
     """Refuse, before torch and Lightning are imported (seconds), the paths of a job of
     ``python -m mnist_ddp.<config_name>`` that need no torch to refuse: a checkpoint that names no
-    file, a prediction's ``input`` that names nothing, an export's output that exists or its
-    format's packages missing. What is in the files is checked with the values
-    (:func:`mnist_ddp.config.checks.check_jobs`).
+    file, and, for a command of the task's own (predict, export), what its ``check_paths`` refuses
+    (a prediction's ``input`` that names nothing, an export's output that exists). What is in the
+    files is checked with the values (:func:`mnist_ddp.config.checks.check_jobs`).
 
     Raises:
         UsageError: the first problem found, as one line.
@@ -242,8 +233,5 @@ def check_paths(config_name: str, cfg: DictConfig) -> None:
     checkpoint = cfg.get("ckpt_path")
     if checkpoint not in (None, "last"):
         check_checkpoint_file(checkpoint)
-    if config_name == "predict":
-        check_input_path(cfg.input)
-    elif config_name == "export":
-        check_exporter(cfg.format)
-        check_output(output_path(checkpoint, cfg.format, cfg.output))
+    if (command := task_command(cfg, config_name)) is not None and command.check_paths:
+        imported(command.check_paths)(cfg)

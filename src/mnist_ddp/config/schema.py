@@ -21,7 +21,6 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from mnist_ddp.core.environment import run_stamp
 from mnist_ddp.core.objective import Mode
 from mnist_ddp.distributed.options import CommHook, LRScaling
-from mnist_ddp.run.export_format import ExportFormat
 
 #: ``conf/``, where the entry points read their configs. An installed wheel (``pip install .``) has it
 #: as the package data ``mnist_ddp/conf/``, which pyproject.toml maps the repository's top-level
@@ -142,6 +141,22 @@ class ModelConfig:
 
 
 @dataclass
+class TaskCommandConfig:
+    """``task.predict``, ``task.export``: a command of the task's own, each ``module:function``.
+
+    ``run``: what each process of a prediction does with the job's config (``run(cfg) -> dict``),
+    or the export, in the command's own process; ``check_paths``: ``(cfg) -> None``, called before
+    torch is imported (its module must import none), refuses paths that name nothing; ``check_job``:
+    ``(cfg, model, world_size) -> None``, called once the job's model is built for its checkpoint,
+    before any process starts. Each check raises a :class:`~mnist_ddp.core.errors.UsageError`.
+    """
+
+    run: str = MISSING
+    check_paths: str | None = MISSING
+    check_job: str | None = MISSING
+
+
+@dataclass
 class TaskConfig:
     """``task`` group: what the engine learns from the task (``conf/task/classification.yaml``).
 
@@ -149,16 +164,17 @@ class TaskConfig:
     checkpoint and that a sweep optimizes; ``mode``: :class:`~mnist_ddp.core.objective.Mode`;
     ``metrics``: the tags shown in the final lines, ``summary.csv`` and HPARAMS; ``callbacks``: the
     task's own callbacks (figures), a name each, given to every Trainer beside ``callbacks``;
-    ``predict`` and ``export``: ``module:function`` of what ``python -m mnist_ddp.predict`` /
-    ``export`` run with a checkpoint of the task, or None for a task that has none (refused in one line).
+    ``predict`` and ``export``: what ``python -m mnist_ddp.predict`` / ``export`` run with a
+    checkpoint of the task (:class:`TaskCommandConfig`), or None for a task that has none (refused
+    in one line).
     """
 
     objective: str = MISSING
     mode: Mode = MISSING
     metrics: list[str] = MISSING
     callbacks: dict[str, Any] = MISSING
-    predict: str | None = MISSING
-    export: str | None = MISSING
+    predict: TaskCommandConfig | None = MISSING
+    export: TaskCommandConfig | None = MISSING
 
 
 @dataclass
@@ -380,8 +396,9 @@ class ExportConfig:
 
     ``data`` is the data set of the checkpoint's run (as for eval): its normalization goes into the
     exported model, and its test images check the file. ``model`` is used only when the run left no
-    config; ``seed`` only feeds ``data.shuffle_seed``. ``ckpt_path`` is required; ``format`` is
-    :class:`ExportFormat`; ``output`` is the file to write, or None for one beside the checkpoint.
+    config; ``seed`` only feeds ``data.shuffle_seed``. ``ckpt_path`` is required; ``format`` is one
+    the task's export writes (its ``check_paths`` refuses another); ``output`` is the file to write,
+    or None for one beside the checkpoint.
     """
 
     task: TaskConfig = MISSING
@@ -390,7 +407,7 @@ class ExportConfig:
     paths: PathsConfig = MISSING
     seed: int = MISSING
     ckpt_path: str = MISSING
-    format: ExportFormat = MISSING
+    format: str = MISSING
     output: str | None = MISSING
 
 

@@ -6,9 +6,12 @@ import io
 import json
 import os
 import secrets
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
+from mnist_ddp.core.errors import ConfigValueError
 
 
 @contextmanager
@@ -95,3 +98,27 @@ def write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[object]
     writer.writerow(header)
     writer.writerows(rows)
     write_atomically(path, text.getvalue())
+
+
+def check_writable(key: str, folder: Path) -> None:
+    """Refuse an output folder this process cannot create or write into, before anything is written.
+
+    Nothing is created: the check writes a temporary file into ``folder``, or into its nearest
+    existing parent when it does not exist yet, and removes it.
+
+    Raises:
+        ConfigValueError: naming ``key``, the folder and the reason.
+    """
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is a file")
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise ConfigValueError(
+            f"{key}={folder} cannot be written (creating a file in {existing}: {reason}). "
+            f"Point {key} at a folder you can write, e.g. {key}=$HOME/logs."
+        ) from None

@@ -121,6 +121,16 @@ class ClassificationDataModule(ShardedDataModule):
         return self.spec.model_arguments()
 
     @override
+    def model_arguments_of(self, checkpoint: Path) -> dict[str, Any] | None:
+        """Those of the spec ``checkpoint`` keeps (:func:`~mnist_ddp.data.spec.read_data_spec`); None
+        when it keeps none (an earlier version's) or cannot be read (its own check says why)."""
+        try:
+            spec = read_data_spec(checkpoint)
+        except Exception:  # noqa: BLE001 - any unreadable file: the checkpoint's own check says why, in one line
+            return None
+        return spec.model_arguments() if spec is not None else None
+
+    @override
     def check_checkpoint(self, checkpoint: Path) -> None:
         """Refuse a checkpoint whose data spec (:func:`~mnist_ddp.data.spec.read_data_spec`) differs
         from :attr:`spec` (:func:`~mnist_ddp.data.spec.check_same_data`); one that keeps none, or

@@ -3,8 +3,14 @@ command refuses a path that names nothing before it imports torch and Lightning 
 :func:`mnist_ddp.data.inputs.list_inputs` then reads what it names."""
 
 from pathlib import Path
+from typing import Any
 
 from mnist_ddp.core.errors import DataNotAvailableError
+
+
+def check_predict_paths(cfg: Any) -> None:
+    """``task.predict.check_paths`` of the image classifier: :func:`check_input_path` of ``cfg.input``."""
+    check_input_path(cfg.input)
 
 
 def check_input_path(path: str | Path) -> None:

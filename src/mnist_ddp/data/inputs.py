@@ -15,6 +15,7 @@ which is the order of the predictions.
 """
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -89,6 +90,12 @@ def fit_to_model(pixels: Tensor, spec: DataSpec, name: str, resize: bool) -> Ten
             "pass resize=true to convert and resize every input."
         )
     return resized(converted(pixels, spec.channels), spec.image_size)
+
+
+def check_predict_job(cfg: Any, model: Any, world_size: int) -> None:
+    """``task.predict.check_job`` of the image classifier: :func:`check_inputs` of ``cfg.input`` for
+    the classes, image shape and normalization the model was built for (``model.data_spec``)."""
+    check_inputs(Path(cfg.input), world_size, model.data_spec, cfg.resize)
 
 
 def check_inputs(path: Path, world_size: int, spec: DataSpec, resize: bool = False) -> list[str]:

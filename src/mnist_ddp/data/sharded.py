@@ -115,7 +115,8 @@ class ShardedDataModule(L.LightningDataModule):
     and may override what the engine asks of the data, before any process starts:
 
     - :meth:`model_arguments`: what the task's LightningModule is built for (its input shape, its
-      classes), passed to the ``model`` config's instantiation (default: nothing);
+      classes), passed to the ``model`` config's instantiation (default: nothing); and
+      :meth:`model_arguments_of` a checkpoint, for a prediction, which reads no data set files;
     - :meth:`check_val_size`: refuse a validation split that leaves no training sample;
     - :meth:`check_checkpoint`: refuse a checkpoint trained on other data (eval, predict, export);
     - :meth:`summary`: one line about the data for the job's log.
@@ -173,6 +174,12 @@ class ShardedDataModule(L.LightningDataModule):
         input channels): the engine instantiates ``model`` with them (:func:`mnist_ddp.models.build.build_model`).
         Called before any process starts and in each one; none by default."""
         return {}
+
+    def model_arguments_of(self, checkpoint: Path) -> dict[str, Any] | None:
+        """What the model saved in ``checkpoint`` was built for (as :meth:`model_arguments`), when the
+        checkpoint keeps it: a prediction builds its model so and reads none of the data set's files.
+        None (default): from :meth:`model_arguments`."""
+        return None
 
     def check_val_size(self) -> None:
         """Refuse a validation split that leaves no training sample (or no validation sample), cheaply,

@@ -1,6 +1,7 @@
 """A model config built for its data: the one place where the data's facts reach the LightningModule."""
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -14,8 +15,9 @@ from mnist_ddp.core.errors import ConfigValueError
 def build_model(model: DictConfig, data: Any) -> L.LightningModule:
     """Instantiate the ``model`` config node (its ``_target_``: the LightningModule) for ``data``
     (a DataModule, or what describes one, such as a checkpoint's
-    :class:`~mnist_ddp.data.spec.DataSpec`): with the keyword arguments its ``model_arguments()``
-    gives (:meth:`~mnist_ddp.data.sharded.ShardedDataModule.model_arguments`; none without it),
+    :class:`~mnist_ddp.data.spec.DataSpec`, or the arguments themselves, a mapping): with the
+    keyword arguments its ``model_arguments()`` gives
+    (:meth:`~mnist_ddp.data.sharded.ShardedDataModule.model_arguments`; none without it),
     nested as the config is (``net``: the network's, such as the image classifier's
     ``in_channels``, ``image_size`` and ``num_classes``).
 
@@ -24,7 +26,10 @@ def build_model(model: DictConfig, data: Any) -> L.LightningModule:
             with the arguments the data gives and the fix).
         hydra.errors.InstantiationException: any other error of the classes' constructors.
     """
-    arguments = data.model_arguments() if hasattr(data, "model_arguments") else {}
+    if isinstance(data, Mapping):
+        arguments = dict(data)
+    else:
+        arguments = data.model_arguments() if hasattr(data, "model_arguments") else {}
     try:
         return instantiate(model, **arguments)
     except InstantiationException as error:
@@ -39,5 +44,10 @@ def build_model(model: DictConfig, data: Any) -> L.LightningModule:
         path, target = (f"model.{node}", model[node]._target_) if node else ("model", model._target_)
         raise ConfigValueError(
             f"{path}: {target} does not take {taken[1]}. It is built for the data with {', '.join(given)} as "
-            f"arguments ({type(data).__name__}.model_arguments(); docs/customizing.md#a-network-of-your-own)."
+            f"arguments ({_named(data)}; docs/customizing.md#a-network-of-your-own)."
         ) from None
+
+
+def _named(data: Any) -> str:
+    """Where the model's arguments came from, for a message: ``MNISTDataModule.model_arguments()``."""
+    return "the checkpoint's data" if isinstance(data, Mapping) else f"{type(data).__name__}.model_arguments()"

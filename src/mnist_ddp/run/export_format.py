@@ -5,8 +5,10 @@ the command checks the output and the format's packages, without importing torch
 import importlib.util
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from mnist_ddp.core.errors import ConfigValueError, ExportError
+from mnist_ddp.core.files import check_writable
 
 
 class ExportFormat(str, Enum):
@@ -43,6 +45,30 @@ def check_exporter(export_format: ExportFormat) -> None:
             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
             "pip install 'mnist-ddp[export]' (or format=torch_export, which needs nothing more)."
         )
+
+
+def check_export_paths(cfg: Any) -> None:
+    """``task.export.check_paths`` of the image classifier, before torch is imported: a ``format``
+    it writes, whose packages are installed (:func:`check_exporter`), and an ``output`` that does not
+    exist yet (:func:`check_output`).
+
+    Raises:
+        ConfigValueError, ExportError: naming the value and what is allowed.
+    """
+    try:
+        export_format = ExportFormat(cfg.format)
+    except ValueError:
+        formats = ", ".join(value.value for value in ExportFormat)
+        raise ConfigValueError(f"format={cfg.format}: the export writes {formats}.") from None
+    check_exporter(export_format)
+    check_output(output_path(cfg.ckpt_path, export_format, cfg.output))
+
+
+def check_export_job(cfg: Any, model: Any, world_size: int) -> None:
+    """``task.export.check_job`` of the image classifier: the output's folder is writable (a file made
+    and removed there)."""
+    folder = output_path(cfg.ckpt_path, ExportFormat(cfg.format), cfg.output).parent
+    check_writable("output", folder)
 
 
 def check_output(path: Path) -> None:
