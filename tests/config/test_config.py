@@ -91,6 +91,14 @@ def test_enable_progress_bar_false_and_no_logger_leave_their_callbacks_out(tmp_p
     assert trainer.loggers == []
 
 
+def lists_options(choice: str, *options: str) -> re.Pattern:
+    """The refusal of ``choice``, an option its group lacks: the options it lists include ``options``."""
+    group = choice.partition("=")[0]
+    # One lookahead per option: from the list's start, any options, then this one, then ", " or ")".
+    includes = "".join(rf"(?=(?:[\w-]+, )*{re.escape(option)}[,)])" for option in options)
+    return re.compile(rf"{re.escape(choice)}: no such option in conf/{group}/ \(available: {includes}[\w, -]+\)\.$")
+
+
 REFUSED = [
     (
         "data.global_batchsize=64",
@@ -100,7 +108,8 @@ REFUSED = [
     ("trainer.max_epochs=three", re.compile(r"trainer\.max_epochs: .*'three'")),
     ("trainer.devices=0", "trainer.devices=0 is not a positive process count on CPU."),
     ("data.global_batch_size=-64", "data.global_batch_size must be at least 1, got -64."),
-    ("model=transformer", "model=transformer: no such option in conf/model/ (available: cnn, mlp, resnet)."),
+    # The template's options among those listed: a project's own conf/model/*.yaml is listed too.
+    ("model=transformer", lists_options("model=transformer", "cnn", "mlp", "resnet")),
     ("+data.shuffle=true", "Unknown key data.shuffle (keys of data: _target_"),
     # Built once before launch as every process will: torch's own checks, as one line.
     # torch's own sentence between the key and the arguments (a pattern): only its value is asserted.
