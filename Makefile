@@ -3,7 +3,8 @@
 #   make train ARGS="trainer.devices=4 data.global_batch_size=256"
 #   make test PYTEST_ARGS="-k data"
 # `make test-fast` runs the in-process tests only (every test not marked `processes`; under 2 minutes
-# on 2 cores); `make test` is the whole suite, with the real DDP processes and command lines (what CI runs).
+# on 2 cores); `make test-task` the task's own (marked `task`); `make test` is the whole suite, with
+# the real DDP processes and command lines (what CI runs).
 # And the benchmark against a hand-written DDP loop and plain Lightning (about 27 minutes on 2 CPU
 # cores), which writes benchmarks/results.md, benchmarks/per_step.md and the results sections of
 # docs/performance.md:
@@ -17,7 +18,7 @@ VENV := .venv
 # Marker file: the venv is rebuilt when pyproject.toml changes.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: train test test-fast benchmark benchmark-scaling gpu-check rename clean
+.PHONY: train test test-fast test-task benchmark benchmark-scaling gpu-check rename clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +33,11 @@ test: $(INSTALLED)
 
 test-fast: $(INSTALLED)
 	$(VENV)/bin/python -m pytest -m "not processes" $(PYTEST_ARGS)
+
+# The task's own tests (marked `task`): its DataModule's conformance on real processes, one short
+# DDP run, one exact resume; what a clone runs after changing its task, apart from the engine's.
+test-task: $(INSTALLED)
+	$(VENV)/bin/python -m pytest -m task $(PYTEST_ARGS)
 
 benchmark: $(INSTALLED)
 	$(VENV)/bin/python -m benchmarks.run --page docs/performance.md $(BENCH_ARGS)
@@ -48,8 +54,9 @@ gpu-check: $(INSTALLED)
 
 # Make the template your project: `make rename NAME=fashion-ddp` renames the distribution,
 # the package (src/fashion_ddp), its imports, console scripts and Hydra targets (tools/rename.py).
+# Then the Python files it changed are laid out for the new name by the commit hooks (ruff), from .venv.
 rename:
-	$(PYTHON) tools/rename.py $(NAME)
+	$(PYTHON) tools/rename.py $(NAME) && $(MAKE) $(INSTALLED) && $(VENV)/bin/python tools/rename.py --layout
 
 clean:
 	rm -rf $(VENV) src/*.egg-info .pytest_cache

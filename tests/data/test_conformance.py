@@ -42,6 +42,7 @@ def assert_counts(report, train: int, val: int, test: int, world_sizes=(2, 3), g
     assert report.world_sizes[world_sizes[1]].resumed == {world_sizes[1]: compared, world_sizes[0]: compared}
 
 
+@pytest.mark.task
 def test_mnist_datamodule_conforms(synthetic_data_dir):
     data = {"_target_": "mnist_ddp.data.datamodule.MNISTDataModule", "data_dir": str(synthetic_data_dir),
             "val_size": 200}  # fmt: skip

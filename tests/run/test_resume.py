@@ -91,6 +91,7 @@ def ledger(runs_with_world_and_last_step, epoch):
     return trained
 
 
+@pytest.mark.task
 def test_a_kill_inside_an_epoch_resumes_exactly_on_the_same_world_size(runs):
     full, _ = runs("full", "trainer.devices=2")
     checkpoint = killed(runs, "killed2", 2, KILL_2)

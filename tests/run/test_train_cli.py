@@ -47,6 +47,7 @@ def test_checkpoints_hold_the_trained_model(synthetic_run):
     assert last["state_dict"]["net.features.0.weight"].shape == (32, 1, 5, 5)
 
 
+@pytest.mark.task
 def test_tensorboard_events_hold_every_tag_and_the_test_accuracy(synthetic_run):
     log_dir, result = synthetic_run
     (run,) = (log_dir / "runs").iterdir()
