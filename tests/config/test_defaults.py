@@ -15,7 +15,7 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from mnist_ddp.config import schema
-from mnist_ddp.config.compose import missing_values
+from mnist_ddp.config.compose import DATA_BASES, missing_values
 from mnist_ddp.config.saved_run import LOADING_KEYS
 from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 
@@ -25,8 +25,8 @@ SCHEMAS = [obj for obj in vars(schema).values() if isinstance(obj, type) and dat
 
 
 def group_options(group: str) -> list[str]:
-    # data/base.yaml holds the keys every data set shares and builds no class of its own.
-    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml") if (group, path.stem) != ("data", "base"))
+    # data/sharded.yaml and base.yaml hold the keys the data sets share and build no class of their own.
+    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml") if (group, path.stem) not in DATA_BASES)
 
 
 def unselected_member(field: dataclasses.Field) -> bool:

@@ -41,6 +41,11 @@ class Job:
     command: list[str] = dataclasses.field(default_factory=list)
 
 
+#: The data YAMLs that hold the keys the data sets share (the engine's ``sharded``, the image data
+#: sets' ``base``): what the options build on, not options.
+DATA_BASES = {("data", "sharded"), ("data", "base")}
+
+
 def composed_jobs(config_name: str, args: Sequence[str]) -> list[Job]:
     """Compose each job of the command line ``args``, checked: unknown keys (``+`` additions
     included), wrong types, values outside a choice, unknown group options, required values
@@ -100,8 +105,9 @@ def _compose(config_name: str, overrides: list[str]) -> DictConfig:
         group, _, option = (error.missing_cfg_file or "").rpartition("/")
         # Hydra lists the options for a single choice (logger=x), not for one inside a list (logger=[csv,x]).
         options = error.options or sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
-        # The schemas (ConfigStore) and data/base.yaml are what the data options build on, not options.
-        options = [name for name in options if not name.endswith("_schema") and (group, name) != ("data", "base")]
+        # The schemas (ConfigStore) and the keys the data sets share (DATA_BASES) are what the options
+        # build on, not options.
+        options = [name for name in options if not name.endswith("_schema") and (group, name) not in DATA_BASES]
         raise UsageError(
             f"{group}={option}: no such option in conf/{group}/ (available: {', '.join(options)})."
         ) from None
@@ -200,6 +206,12 @@ def check_data_target(cfg: DictConfig) -> None:
         UsageError: naming the class and the way: a YAML of its own in ``conf/data/``.
     """
     data = cfg.get("data")
+    if isinstance(data, DictConfig) and "_target_" not in data:
+        option = OmegaConf.select(cfg, "hydra.runtime.choices.data", default=None)
+        raise UsageError(
+            f"data={option} builds no DataModule (it names no _target_): it holds keys that data sets share. "
+            "Choose a data set (data=mnist, data=folder, or yours: docs/customizing.md)."
+        )
     expected = DATA_SCHEMA_TARGETS.get(OmegaConf.get_type(data)) if isinstance(data, DictConfig) else None
     if expected is not None and data.get("_target_") != expected:
         raise UsageError(

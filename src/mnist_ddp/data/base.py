@@ -18,7 +18,10 @@ from typing_extensions import override
 
 from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.data.augment import crop_and_flip
-from mnist_ddp.data.sharded import ShardedDataModule, collate_for
+
+# GatherDataset and unrepeated_loader too: a DataModule of one's own imported them from here before
+# they moved to the engine's data/sharded.py.
+from mnist_ddp.data.sharded import GatherDataset, ShardedDataModule, collate_for, unrepeated_loader  # noqa: F401
 from mnist_ddp.data.spec import DataSpec, check_same_data, read_data_spec
 
 
