@@ -9,6 +9,7 @@ the export. Reading an IDX file (gzipped too) as the input: run/test_predict_exp
 
 import csv
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,3 +174,25 @@ def test_export_to_onnx_writes_a_checked_file_and_refuses_to_overwrite_it(comman
         result.stderr[-3000:]
     )
     assert exported.read_bytes() == content and not again.exists()
+
+
+def test_an_export_ends_with_the_files_its_process_wrote(run, mnist_data_dir, tmp_path):
+    """An export runs in the command's own process, which ends through the normal exit: a file an
+    object of that process still buffers (never flushed or closed: the interpreter's teardown
+    finalizes it) is written. A ``sitecustomize`` module, which Python imports at start-up, holds one."""
+    probe, written = tmp_path / "probe", tmp_path / "buffered.txt"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(
+        "import os\n_file = open(os.environ['BUFFERED_PROBE'], 'w')\n_file.write('written at exit\\n')\n"
+    )
+    output = tmp_path / "model.pt2"
+    env = cli_env(BUFFERED_PROBE=str(written))
+    env["PYTHONPATH"] = f"{probe}{os.pathsep}{env['PYTHONPATH']}"
+    result = subprocess.run(
+        cli_command(f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"data.data_dir={mnist_data_dir}",
+                    "format=torch_export", f"output={output}", log_dir=tmp_path / "logs", module="mnist_ddp.export"),
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert output.is_file()
+    assert written.read_text() == "written at exit\n"

@@ -40,8 +40,8 @@ def entry_point(
 ) -> tuple[Callable[[], object], Callable[[], None]]:
     """The two functions of one command, ``python -m mnist_ddp.<train|eval|predict|export>``: its
     ``main`` (Hydra's entry point, which runs each job) and ``cli`` (what the module and its console
-    script run: :func:`run_entry_point`, then the process's end without the interpreter's teardown:
-    :func:`~mnist_ddp.core.lifetime.exit_without_teardown`).
+    script run: :func:`run_entry_point`, then, unless the task runs in this process, the process's
+    end without the interpreter's teardown: :func:`~mnist_ddp.core.lifetime.exit_without_teardown`).
 
     Args:
         config_name: the command's top-level config in ``conf/`` (``config``, ``eval``, ...).
@@ -63,7 +63,12 @@ def entry_point(
         return run_command(cfg, config_name, task, in_process, objective=objective).get(result or objective)
 
     def cli() -> None:
-        exit_without_teardown(lambda: run_entry_point(main, config_name, None if in_process else task))
+        if in_process:
+            # The task (an export) wrote the user's files in this process: it ends through the normal
+            # exit, whose teardown finalizes, and so flushes and closes, every object still holding one.
+            run_entry_point(main, config_name)
+            return
+        exit_without_teardown(lambda: run_entry_point(main, config_name, task))
 
     return main, cli
 
