@@ -22,6 +22,7 @@ from typing import TextIO
 
 import lightning as L
 from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
@@ -29,7 +30,7 @@ from mnist_ddp.core.compat import skip_sigterm_broadcast
 from mnist_ddp.core.environment import submitit_preempt_signal
 from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.core.lifetime import STOP_SIGNALS
-from mnist_ddp.core.run_dir import restart_hint, resume_hint
+from mnist_ddp.core.run_dir import LAST_CHECKPOINT, restart_hint, resume_hint
 from mnist_ddp.distributed.checkpoint_io import LastCheckpoint, at_optimizer_step_boundary
 
 log = logging.getLogger(__name__)
@@ -131,14 +132,18 @@ class StopOnSignal(L.Callback):
 
     @rank_zero_only
     def report(self, trainer: L.Trainer) -> None:
-        """Log how the run stopped and what resumes it (global rank 0)."""
+        """Log how the run stopped (:func:`stop_point`) and what resumes it (global rank 0): the run's
+        ``last.ckpt``, which the printed resume (``ckpt_path=last``) continues from; without one,
+        the newest checkpoint the run saved."""
         saved = [
             Path(path)
             for callback in trainer.checkpoint_callbacks
             for path in (callback.best_model_path, getattr(callback, "last_model_path", ""))
             if path and Path(path).is_file()
         ]
-        where = f"{self.received.name} in epoch {trainer.current_epoch} at global step {trainer.global_step}"
+        where = stop_point(trainer, self.received)
+        if (last := Path(trainer.default_root_dir) / LAST_CHECKPOINT).is_file():
+            saved = [last]  # what ckpt_path=last resumes from, whatever the best checkpoint's time
         if saved:
             newest = max(saved, key=lambda path: path.stat().st_mtime)
             log.warning(
@@ -147,6 +152,26 @@ class StopOnSignal(L.Callback):
         else:
             restart = restart_hint(trainer.default_root_dir)
             log.warning(f"Stopped by {where}, before any checkpoint was saved. {restart}")
+
+
+#: What a Trainer does outside its fit, as a stop's line names it.
+STAGES = {TrainerFn.VALIDATING: "validation", TrainerFn.TESTING: "test", TrainerFn.PREDICTING: "prediction"}
+
+
+def stop_point(trainer: L.Trainer, signum: signal.Signals) -> str:
+    """Where ``signum`` stopped the run, as its log counts (epochs from 0, ``Epoch 0 done``):
+    ``SIGINT in epoch 1 at global step 30`` while it trains (its validation included); in the
+    validation or test of the best checkpoint after its training, ``SIGINT during the final test,
+    after epoch 1 (global step 42)``; in a command that trains nothing (``python -m mnist_ddp.eval``),
+    ``SIGINT during the test``."""
+    if trainer.state.fn == TrainerFn.FITTING:
+        return f"{signum.name} in epoch {trainer.current_epoch} at global step {trainer.global_step}"
+    stage = STAGES.get(trainer.state.fn, str(trainer.state.fn))
+    if trainer.global_step == 0:
+        return f"{signum.name} during the {stage}"
+    # Once fit has returned, current_epoch counts the epochs it completed.
+    after = f"after epoch {trainer.current_epoch - 1} (global step {trainer.global_step})"
+    return f"{signum.name} during the final {stage}, {after}"
 
 
 @contextmanager
