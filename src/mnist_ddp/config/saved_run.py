@@ -91,7 +91,7 @@ def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: s
     if run is not None:
         # Typed as the schema types this command's model (a plain node is refused there).
         cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), run.model)
-        own_task = any(override.lstrip("+~").startswith("task") for override in overrides)
+        own_task = any(override.lstrip("+~").split("=", 1)[0].split(".")[0] == "task" for override in overrides)
         if "task" in run and "task" in cfg and not own_task:
             cfg.task = OmegaConf.merge(OmegaConf.structured(TaskConfig), run.task)
     if not log_them:
