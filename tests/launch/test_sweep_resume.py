@@ -208,6 +208,27 @@ def test_a_parallel_sweep_runs_each_job_on_its_own_core_and_continues_after_a_st
             assert steps == [step for step, _ in reference[tag]], (job, tag)
 
 
+def test_a_parallel_sweep_stopped_while_its_jobs_check_their_command_lines_continues_them(noisy_data_dir, tmp_path):
+    # SIGTERM while the first two jobs' commands check their values (started, no config written yet):
+    # each command ends with status 143 before its run records anything; the sweep records them stopped.
+    sweep = Sweep(noisy_data_dir, tmp_path)
+
+    def ready() -> bool:
+        started = all(processes_mentioning(str(sweep.dir / job)) for job in ("0", "1"))
+        return started and not any((sweep.dir / job / ".hydra").exists() for job in ("0", "1"))
+
+    returncode, output = sweep.stop_when(ready)
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert processes_mentioning(str(sweep.log_dir)) == []
+    assert [status(sweep.dir / job) for job in "01"] == ["stopped", "stopped"], output[-3000:]
+    assert not (sweep.dir / "2").exists(), "job 2 never started"
+
+    again = sweep.again()
+    for job in ("0", "1"):
+        assert f"#{job} stopped before its first checkpoint: starts again" in again.stdout, again.stdout[-3000:]
+    assert sweep.summary() == [("0", "completed"), ("1", "completed"), ("2", "completed")]
+
+
 def test_a_failing_job_among_parallel_jobs_ends_alone(noisy_data_dir, tmp_path):
     # Job 1's process SIGKILLs itself at step 3; jobs 0 and 2 (kill steps never reached) finish.
     result = run_cli(

@@ -146,12 +146,23 @@ class ParallelJobs:
             job.relay.join(timeout=5)  # its last lines first
             self.exit_status[job.index] = job.process.returncode
             if job.process.returncode != 0 and run_status(job.job_dir) not in ("failed", "stopped"):
-                # Ended before its run could record itself (a refused command line, a crash): the summary says so.
-                error = f"its command exited with status {job.process.returncode}: {job.last_line}"
-                write_json(job.job_dir / METRICS_FILE, {"status": "failed", "error": error, "overrides": job.overrides})
+                write_json(job.job_dir / METRICS_FILE, self._unrecorded(job))
             done = len(self.exit_status)
             log.info(f"\t#{job.index} {run_status(job.job_dir) or 'ended'} (exit status {job.process.returncode}), "
                      f"{done} job(s) done: {job.job_dir}")  # fmt: skip
+
+    def _unrecorded(self, job: "JobProcess") -> dict:
+        """The record of a job whose command ended before its run recorded itself: stopped, when the
+        sweep passed it a stop signal or a stop signal ended it (its command was still checking its
+        values, or starting its processes: the continued sweep starts it again); else failed (a
+        refused command line, a crash), with its last line, which the summary shows."""
+        code = job.process.returncode
+        by_signal = next((s for s in STOP_SIGNALS if code in (128 + s, -s)), None)
+        if self.stopped_by is not None or by_signal is not None:
+            name = signal.Signals(self.stopped_by or by_signal).name
+            return {"status": "stopped", "signal": name, "overrides": job.overrides}
+        error = f"its command exited with status {code}: {job.last_line}"
+        return {"status": "failed", "error": error, "overrides": job.overrides}
 
     def _stop(self, signum: int, frame: object) -> None:
         """Pass the signal to every running job, then wait for them to end (a job still running after
