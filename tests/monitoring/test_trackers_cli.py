@@ -138,10 +138,15 @@ def test_scalars_served_hold_the_run_metrics_throughput_and_epoch_times(board):
     assert all(0 < seconds < 300 for _, seconds in epoch_times)
 
 
+#: The default task's metrics, which HPARAMS shows as its metric columns.
+TASK_METRICS = ["val/acc", "test/acc", "val/loss", "test/loss"]
+
+
 def test_hparams_table_shows_the_config_layout_and_final_metrics(board):
     server, run, _, metrics = board
     experiment = server.post_json("data/plugin/hparams/experiment", {"experimentName": ""})
-    assert [info["name"]["tag"] for info in experiment["metricInfos"]] == ["val/acc", "test/acc"]
+    # The task's metrics (conf/task/classification.yaml: task.metrics), in its order.
+    assert [info["name"]["tag"] for info in experiment["metricInfos"]] == TASK_METRICS
     names = [info["name"] for info in experiment["hparamInfos"]]
     assert {"world_size", "backend", "per_device_batch_size", "global_batch_size", "model.optimizer.lr"} <= set(names)
     # The job's own overrides are the first columns (by name), the 140 others after them.
@@ -154,7 +159,7 @@ def test_hparams_table_shows_the_config_layout_and_final_metrics(board):
         "data/plugin/hparams/session_groups",
         {"experimentName": "", "startIndex": 0, "sliceSize": 10,
          "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
-         "colParams": [{"hparam": "world_size"}, {"metric": {"tag": "val/acc"}}, {"metric": {"tag": "test/acc"}}]},
+         "colParams": [{"hparam": "world_size"}, *({"metric": {"tag": tag}} for tag in TASK_METRICS)]},
     )["sessionGroups"]  # fmt: skip
     assert group["name"] == run
     hparams = group["hparams"]
@@ -164,8 +169,8 @@ def test_hparams_table_shows_the_config_layout_and_final_metrics(board):
     assert hparams["model.net.channels"] == "[32, 64]" and hparams["trainer.devices"] == 2
     assert hparams["lr_scaling.rule"] == "none" and hparams["effective_lr"] == hparams["model.optimizer.lr"]
     values = {value["name"]["tag"]: value["value"] for value in group["metricValues"]}
-    assert values["test/acc"] == pytest.approx(metrics["test/acc"], abs=1e-7)
-    assert values["val/acc"] == pytest.approx(metrics["val/acc"], abs=1e-7), "the best checkpoint's val/acc"
+    for tag in TASK_METRICS:  # the best checkpoint's validation and its test, as metrics.json holds them
+        assert values[tag] == pytest.approx(metrics[tag], abs=1e-7), tag
 
 
 def image(server: TensorBoard, run: str, tag: str) -> Image.Image:
