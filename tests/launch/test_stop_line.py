@@ -12,6 +12,7 @@ import time
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, TensorDataset
 
 from mnist_ddp.callbacks.signals import StopOnSignal, stop_on_signals
@@ -62,6 +63,14 @@ def trainer_in(run_dir, *callbacks) -> L.Trainer:
         default_root_dir=run_dir, accelerator="cpu", devices=1, max_epochs=2, logger=False, callbacks=[best, last,
         *callbacks], enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def signals_logger(monkeypatch):
+    """The callback's logger on, at rank 0: another test's logging config in the same pytest worker
+    (Hydra's, ``disable_existing_loggers``) may have turned it off, or left Lightning's rank elsewhere."""
+    monkeypatch.setattr(logging.getLogger("mnist_ddp.callbacks.signals"), "disabled", False)
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
 
 
 @pytest.fixture
