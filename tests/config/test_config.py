@@ -136,6 +136,14 @@ def test_preflight_names_the_problem_and_what_is_allowed(override, message):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("option", ["sharded", "base"])
+def test_a_data_option_that_builds_no_datamodule_is_refused_by_name(option):
+    # conf/data/sharded.yaml and base.yaml hold the keys the data sets share, and name no _target_.
+    with pytest.raises(UsageError) as error:
+        check_command_line("config", [f"data={option}", "trainer.accelerator=cpu"])
+    assert str(error.value).startswith(f"data={option} builds no DataModule (it names no _target_)"), str(error.value)
+
+
 def test_a_bad_sweep_job_is_refused_before_the_sweep_starts():
     with pytest.raises(UsageError, match="data.global_batch_size=127 does not split evenly"):
         check_command_line("config", ["-m", "trainer.accelerator=cpu", "data.global_batch_size=128,127"])

@@ -210,7 +210,7 @@ def check_data_target(cfg: DictConfig) -> None:
         option = OmegaConf.select(cfg, "hydra.runtime.choices.data", default=None)
         raise UsageError(
             f"data={option} builds no DataModule (it names no _target_): it holds keys that data sets share. "
-            "Choose a data set (data=mnist, data=folder, or yours: docs/customizing.md)."
+            "Choose a data set: an option of conf/data/ that names its DataModule (docs/customizing.md)."
         )
     expected = DATA_SCHEMA_TARGETS.get(OmegaConf.get_type(data)) if isinstance(data, DictConfig) else None
     if expected is not None and data.get("_target_") != expected:
