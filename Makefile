@@ -15,14 +15,15 @@
 
 PYTHON ?= python3.11
 VENV := .venv
-# Marker file: the venv is rebuilt when pyproject.toml changes.
+# Marker file: the venv is rebuilt when either pyproject.toml changes.
 INSTALLED := $(VENV)/.installed
 
 .PHONY: train test test-fast test-task benchmark benchmark-scaling gpu-check rename clean
 
-$(INSTALLED): pyproject.toml
+# The engine (engine/, its own distribution) and this project, both editable: an edit takes effect at once.
+$(INSTALLED): pyproject.toml engine/pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --editable '.[dev]'
+	$(VENV)/bin/python -m pip install --quiet --editable ./engine --editable '.[dev]'
 	touch $@
 
 train: $(INSTALLED)
@@ -59,4 +60,4 @@ rename:
 	$(PYTHON) tools/rename.py $(NAME) && $(MAKE) $(INSTALLED) && $(VENV)/bin/python tools/rename.py --layout
 
 clean:
-	rm -rf $(VENV) src/*.egg-info .pytest_cache
+	rm -rf $(VENV) src/*.egg-info engine/src/*.egg-info .pytest_cache

@@ -74,7 +74,7 @@ def main() -> None:
     )  # fmt: skip
     trainer.fit(Classifier(args.model, args.lr, args.steps, args.log), train_dataloaders=loader)
     # As torch's documentation asks before a process exits (and the template's workers do,
-    # mnist_ddp.launch.worker.end_process_group): a process group alive at interpreter exit can
+    # ddp_engine.launch.worker.end_process_group): a process group alive at interpreter exit can
     # abort it from the backend's threads ("terminate called without an active exception", SIGABRT).
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -39,8 +39,8 @@ from datetime import date
 from pathlib import Path
 
 import torch
+from ddp_engine.core.errors import UsageError
 
-from mnist_ddp.core.errors import UsageError
 from mnist_ddp.data.idx import ensure_mnist_files
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+from ddp_engine.config.schema import register_configs
+from ddp_engine.models.build import build_model
+from ddp_engine.project import register
 from helpers import (
     DETERMINISTIC,
     IDX_DATA,
@@ -28,9 +31,12 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from torchvision.datasets import MNIST
 
-from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.data.idx import MNIST_FILES
-from mnist_ddp.models.build import build_model
+from mnist_ddp.project import CONFIG_DIR, PROJECT
+
+# The engine composes a config with the project's folder and schemas: the project's entry points
+# register it (ddp_engine.project), and so do the tests, which compose in their own processes too.
+register(PROJECT)
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,12 @@ processes import them by name (``_target_: custom_datamodules.<class>``); tests/
 ``sys.path`` as it is on pytest's."""
 
 import torch
+from ddp_engine.data.sharded import collate_for
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
 from mnist_ddp.data.base import ClassificationDataModule
-from mnist_ddp.data.sharded import collate_for
 from mnist_ddp.data.spec import DataSpec
 
 #: Repeated at the end of the train split: equal samples, which the check must count as two.

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
+from ddp_engine.models.build import build_model
 from hydra.utils import instantiate
 from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
 from mnist_ddp.data.idx import MNIST_FILES
-from mnist_ddp.models.build import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-
-from mnist_ddp.core.lifetime import SUPERVISOR_ENV
+from ddp_engine.core.lifetime import SUPERVISOR_ENV
 
 
 class SampleRecorder(L.Callback):

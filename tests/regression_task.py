@@ -12,11 +12,10 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from ddp_engine.data.sharded import GatherDataset, ShardedDataModule
 from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError
 from typing_extensions import override
-
-from mnist_ddp.data.sharded import GatherDataset, ShardedDataModule
 
 #: The override that adds tests/conf/ (the task's YAMLs) to the command's config search path.
 SEARCH_PATH = f"hydra.searchpath=[file://{Path(__file__).resolve().parent / 'conf'}]"

@@ -1,10 +1,11 @@
-"""Print the package's import graph by layer: which of its packages each one imports.
+"""Print the engine's import graph by layer: which of its packages each one imports.
 
     python tools/import_graph.py [--modules | --cycles]
 
-One line per package of ``src/mnist_ddp`` (entry points count as one, ``<entry points>``), in the
-order of the layer contract in ``pyproject.toml``, highest first, with the packages it imports
-directly; ``--modules`` lists the module-to-module imports under each. Read by grimp, the import
+One line per package of the engine (``engine/src/ddp_engine``), in the order of the layer contract
+in ``pyproject.toml``, highest first, with the packages it imports directly, and one for the project
+(``src/``, ``<project>``), with the engine's packages it imports; ``--modules`` lists the
+module-to-module imports under each. Read by grimp, the import
 graph library behind import-linter (``pip install -e '.[dev]'``), from the source files: nothing of
 the package is run. ``--cycles`` prints instead each loop of modules that import each other (inside
 a package too, where the layer contract does not look) and exits 1 if there is one.
@@ -45,20 +46,20 @@ def main() -> None:
     parser.add_argument("--modules", action="store_true", help="list the module imports under each package")
     parser.add_argument("--cycles", action="store_true", help="list the loops of modules; exit 1 if there is one")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "src"))
-    graph = grimp.build_graph("mnist_ddp", cache_dir=None)
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    engine, project = config["root_packages"]
+    sys.path[:0] = [str(ROOT / "engine" / "src"), str(ROOT / "src")]
+    graph = grimp.build_graph(engine, project, cache_dir=None)
     if args.cycles:
         cycles = module_cycles(graph)
         for cycle in cycles:
             print(" -> ".join(cycle))
         print(f"{len(cycles)} loop(s) of modules that import each other")
         sys.exit(1 if cycles else 0)
-    entry_points = {"train", "eval", "predict", "export", "download"}
 
     def package(module: str) -> str:
         parts = module.split(".")
-        name = parts[1] if len(parts) > 1 else "<root>"
-        return "<entry points>" if name in entry_points else name
+        return "<project>" if parts[0] == project else parts[1] if len(parts) > 1 else "<root>"
 
     imports: dict[str, set[str]] = defaultdict(set)
     details: dict[str, set[str]] = defaultdict(set)
@@ -67,9 +68,9 @@ def main() -> None:
             if package(imported) != package(module):
                 imports[package(module)].add(package(imported))
                 details[package(module)].add(f"{module} -> {imported}")
-    order = ["<entry points>", *(name for name in layers() if name not in entry_points)]
+    order = ["<project>", *layers()]
     for name in order:
-        print(f"{name:15} -> {', '.join(sorted(imports[name], key=order.index)) or '(nothing of the package)'}")
+        print(f"{name:15} -> {', '.join(sorted(imports[name], key=order.index)) or '(nothing of the engine)'}")
         if args.modules:
             for line in sorted(details[name]):
                 print(f"    {line}")

@@ -10,6 +10,8 @@ Renames, in every file of the tree that git tracks (or would track) and in the p
   import, the Hydra ``_target_`` paths in ``conf/``, the ``python -m mnist_ddp.train`` commands
   in the docs; and its upper-case form in environment variable names (``MNIST_DDP_JOB``).
 
+The engine (``engine/``, the ``ddp_engine`` package) is not touched: it names no project, and a
+clone takes its later versions by merging the template (docs/updating.md).
 Nothing else changes: class names (``MNISTDataModule``), configs and docs about MNIST stay, to be
 edited as your project moves away from MNIST (docs/customizing.md lists what is left).
 The new package name must not be a word of the code or configs yet (``ddp``, ``train``, ``data``
@@ -57,8 +59,11 @@ OLD_PACKAGE = "mnist_ddp"
 TAKEN = {
     "torch", "torchvision", "lightning", "pytorch_lightning", "torchmetrics", "hydra", "omegaconf", "tensorboard",
     "matplotlib", "rich", "numpy", "pytest", "optuna", "onnx", "onnxruntime", "onnxscript", "benchmarks", "tests",
-    "tools", "conf",
+    "tools", "conf", "ddp_engine",
 }  # fmt: skip
+#: The engine's folder, its own distribution: never rewritten, so that the template's later engine
+#: merges into the renamed project without a conflict (docs/updating.md). It names no project.
+ENGINE = "engine"
 #: Where the new name must not be a word yet: what a later rename must rewrite precisely.
 CODE_SUFFIXES = {".py", ".yaml", ".toml", ".sbatch"}
 #: Outside a git checkout: top-level folders that are not the project (git ignores them).
@@ -98,7 +103,8 @@ def names_for(name: str) -> tuple[str, str]:
 
 def project_files(root: Path, clean: bool = True) -> list[Path]:
     """The files to rewrite, relative to ``root``: what git tracks or would track (not ignored)
-    in a git checkout, else every file outside the :data:`UNTRACKED` folders and ``__pycache__``.
+    in a git checkout, else every file outside the :data:`UNTRACKED` folders and ``__pycache__``;
+    never the engine's (:data:`ENGINE`).
 
     Raises:
         RenameError: in a git checkout with uncommitted changes, unless ``clean`` is False.
@@ -116,7 +122,7 @@ def project_files(root: Path, clean: bool = True) -> list[Path]:
     else:
         files = [path.relative_to(root) for path in root.rglob("*")]
         files = [path for path in files if path.parts[0] not in UNTRACKED and "__pycache__" not in path.parts]
-    return sorted(path for path in files if (root / path).is_file())
+    return sorted(path for path in files if (root / path).is_file() and path.parts[0] != ENGINE)
 
 
 def _replace_all(text: str, replacements: tuple[tuple[str, str], ...]) -> str:
@@ -232,6 +238,19 @@ def lay_out(
     return done, ""
 
 
+def _ruff_settings(pyproject: Path) -> dict | None:
+    """``[tool.ruff]`` of ``pyproject`` over the configuration it ``extend``s (the engine's, where the
+    line length is set): ``line-length`` and ``pycodestyle``, the latter from ``lint`` or the top; None
+    without a ``[tool.ruff]``."""
+    ruff = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}).get("ruff")
+    if ruff is None:
+        return None
+    base = _ruff_settings(pyproject.parent / ruff["extend"]) or {} if "extend" in ruff else {}
+    own = {key: value for key, value in ruff.items() if key in ("line-length",)}
+    pycodestyle = {**base.get("pycodestyle", {}), **ruff.get("lint", {}).get("pycodestyle", {})}
+    return {**base, **own, "pycodestyle": pycodestyle}
+
+
 def _raise_line_limit(root: Path, python: list[str], names: tuple[str, ...], old_names: tuple[str, ...] | None) -> str:
     """Raise E501's limit in pyproject.toml to the longest line of ``python`` that names the
     project and exceeds it (and, with ``old_names``, would not exceed it under the old names: a line
@@ -240,11 +259,11 @@ def _raise_line_limit(root: Path, python: list[str], names: tuple[str, ...], old
     if tomllib is None or not pyproject.is_file():
         return ""
     text = pyproject.read_text(encoding="utf-8")
-    ruff = tomllib.loads(text).get("tool", {}).get("ruff")
+    ruff = _ruff_settings(pyproject)
     if ruff is None:
         return ""
     line_length = ruff.get("line-length", 88)
-    limit = ruff.get("lint", {}).get("pycodestyle", {}).get("max-line-length", line_length)
+    limit = ruff.get("pycodestyle", {}).get("max-line-length", line_length)
 
     def lengthened(line: str) -> bool:
         if len(line) <= limit or not any(name in line for name in names):

@@ -10,9 +10,11 @@ Like :mod:`mnist_ddp.train`, this module imports Hydra and the config schema onl
 command line is refused before torch and Lightning are imported.
 """
 
-from mnist_ddp.config.command_line import entry_point
+from ddp_engine.config.command_line import entry_point
 
-main, cli = entry_point("export", task="task.export.run", result="output", in_process=True)
+from mnist_ddp.project import PROJECT
+
+main, cli = entry_point(PROJECT, "export", task="task.export.run", result="output", in_process=True)
 
 if __name__ == "__main__":
     cli()

@@ -10,9 +10,11 @@ Like :mod:`mnist_ddp.train`, this module imports Hydra and the config schema onl
 command line is refused before torch and Lightning are imported.
 """
 
-from mnist_ddp.config.command_line import entry_point
+from ddp_engine.config.command_line import entry_point
 
-main, cli = entry_point("predict", task="task.predict.run", result="predictions")
+from mnist_ddp.project import PROJECT
+
+main, cli = entry_point(PROJECT, "predict", task="task.predict.run", result="predictions")
 
 if __name__ == "__main__":
     cli()

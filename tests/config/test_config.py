@@ -5,6 +5,11 @@ import re
 
 import lightning as L
 import pytest
+from ddp_engine.config.command_line import check_command_line
+from ddp_engine.config.compose import composed_jobs, trainer_arguments, with_trainer_arguments
+from ddp_engine.config.schema import register_configs
+from ddp_engine.core.errors import UsageError
+from ddp_engine.run.trainer import build_trainer
 from helpers import IDX_DATA
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
@@ -13,11 +18,7 @@ from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, Prog
 from omegaconf import open_dict
 from torch.nn import BatchNorm2d
 
-from mnist_ddp.config.command_line import check_command_line
-from mnist_ddp.config.compose import composed_jobs, trainer_arguments, with_trainer_arguments
-from mnist_ddp.config.schema import CONFIG_DIR, register_configs
-from mnist_ddp.core.errors import UsageError
-from mnist_ddp.run.trainer import build_trainer
+from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 
@@ -32,7 +33,7 @@ def test_default_config_composes_every_group():
     assert set(cfg) >= {"data", "model", "trainer", "strategy", "logger", "callbacks", "paths", "seed"}
     assert cfg.data.global_batch_size == 128
     assert cfg.trainer.devices == "auto" and cfg.trainer.use_distributed_sampler is False
-    assert cfg.strategy._target_ == "mnist_ddp.distributed.strategy.CommHookDDPStrategy"
+    assert cfg.strategy._target_ == "ddp_engine.distributed.strategy.CommHookDDPStrategy"
     assert cfg.callbacks.model_checkpoint.monitor == "val/acc"
 
 

@@ -10,14 +10,15 @@ import inspect
 from enum import Enum
 
 import pytest
+from ddp_engine.config import schema
+from ddp_engine.config.compose import DATA_BASES, missing_values
+from ddp_engine.config.saved_run import LOADING_KEYS
+from ddp_engine.config.schema import register_configs
 from hydra import compose, initialize_config_dir
 from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from mnist_ddp.config import schema
-from mnist_ddp.config.compose import DATA_BASES, missing_values
-from mnist_ddp.config.saved_run import LOADING_KEYS
-from mnist_ddp.config.schema import CONFIG_DIR, register_configs
+from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 

@@ -1,4 +1,4 @@
-"""The private APIs of the libraries (``mnist_ddp.core.compat``) still behave as the template relies
+"""The private APIs of the libraries (``ddp_engine.core.compat``) still behave as the template relies
 on, each asserted on the real object: a ``DistributedDataParallel`` module and a ``Trainer.fit`` over
 one 1-process gloo group, a real TensorBoard event file read back by TensorBoard's reader, an
 OmegaConf schema. A failure names the private API and says that the library changed, so that an
@@ -23,10 +23,14 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import ddp_engine
 import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
+from ddp_engine.core import compat
+from ddp_engine.distributed.checkpoint_io import at_optimizer_step_boundary
+from ddp_engine.distributed.strategy import CommHookDDPStrategy
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from omegaconf import OmegaConf
@@ -40,9 +44,6 @@ from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams, scalar
 
 import mnist_ddp
-from mnist_ddp.core import compat
-from mnist_ddp.distributed.checkpoint_io import at_optimizer_step_boundary
-from mnist_ddp.distributed.strategy import CommHookDDPStrategy
 
 #: The process group's timeout, set when it is built and read back.
 TIMEOUT = timedelta(seconds=1234)
@@ -280,11 +281,14 @@ def test_ddp_is_built_from_the_strategys_ddp_kwargs(fit):
 
 
 def template_classes() -> list[type]:
-    """Every class defined in the package's modules."""
+    """Every class defined in the modules of the engine and of the project."""
     found = []
-    for info in pkgutil.walk_packages(mnist_ddp.__path__, "mnist_ddp."):
-        module = importlib.import_module(info.name)
-        found += [value for value in vars(module).values() if isinstance(value, type) and value.__module__ == info.name]
+    for package in (ddp_engine, mnist_ddp):
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            module = importlib.import_module(info.name)
+            found += [
+                value for value in vars(module).values() if isinstance(value, type) and value.__module__ == info.name
+            ]
     return found
 
 
@@ -569,7 +573,7 @@ def test_the_exit_handlers_run_when_asked_once_in_a_process_that_ends_with_os_ex
     # A child process: running this one's handlers would end pytest's own.
     code = textwrap.dedent("""
         import atexit, os
-        from mnist_ddp.core.compat import run_exit_handlers
+        from ddp_engine.core.compat import run_exit_handlers
         atexit.register(print, "handler ran")
         run_exit_handlers()
         run_exit_handlers()
@@ -603,14 +607,13 @@ def rendezvous_event_names(monkeypatch) -> list[str]:
 
 
 def test_the_rendezvous_names_its_events_by_frame_as_by_inspect_stack(monkeypatch):
+    from ddp_engine.core.compat import name_rendezvous_events_by_frame
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    from mnist_ddp.core.compat import name_rendezvous_events_by_frame
 
     monkeypatch.setattr(dynamic_rendezvous, "get_method_name", dynamic_rendezvous.get_method_name)  # restored after
     by_stack = rendezvous_event_names(monkeypatch)
     name_rendezvous_events_by_frame()
-    assert dynamic_rendezvous.get_method_name.__module__ == "mnist_ddp.core.compat"
+    assert dynamic_rendezvous.get_method_name.__module__ == "ddp_engine.core.compat"
     by_frame = rendezvous_event_names(monkeypatch)
     assert "DynamicRendezvousHandler.next_rendezvous" in by_stack, changed(
         "dynamic_rendezvous.get_method_name", by_stack
@@ -620,10 +623,9 @@ def test_the_rendezvous_names_its_events_by_frame_as_by_inspect_stack(monkeypatc
 
 def test_hydras_main_takes_the_mode_it_is_told_and_composes_the_config_once(monkeypatch, tmp_path):
     import hydra
+    from ddp_engine.core.compat import tell_hydra_the_mode
     from hydra._internal.hydra import Hydra
     from hydra.types import RunMode
-
-    from mnist_ddp.core.compat import tell_hydra_the_mode
 
     (tmp_path / "app.yaml").write_text("value: 1\n")
     ran, composed = [], []

@@ -1,5 +1,5 @@
 """A console whose reader has gone (``| head``) drops the output and the run goes on
-(``mnist_ddp.core.console``): on a real pipe in this process, and for a real training command."""
+(``ddp_engine.core.console``): on a real pipe in this process, and for a real training command."""
 
 import json
 import logging
@@ -7,14 +7,13 @@ import os
 import subprocess
 
 import pytest
+from ddp_engine.core.console import DropsWhenClosed
 from helpers import REPO, cli_command, cli_env
-
-from mnist_ddp.core.console import DropsWhenClosed
 
 
 def test_a_closed_pipe_points_the_stream_at_devnull_and_says_so_once(caplog, monkeypatch):
     # Another test's logging config (a job's, Hydra's) may have turned this module's logger off.
-    logger = logging.getLogger("mnist_ddp.core.console")
+    logger = logging.getLogger("ddp_engine.core.console")
     monkeypatch.setattr(logger, "disabled", False)
     monkeypatch.setattr(logger, "propagate", True)
     read_end, write_end = os.pipe()
@@ -24,7 +23,7 @@ def test_a_closed_pipe_points_the_stream_at_devnull_and_says_so_once(caplog, mon
     assert os.read(read_end, 100) == b"read\n"  # an open reader gets the text as it was written
     assert not stream.closed_reader and os.readlink(f"/proc/self/fd/{write_end}").startswith("pipe:")
     os.close(read_end)  # the reader exits, as head does after its lines
-    with caplog.at_level(logging.WARNING, logger="mnist_ddp.core.console"):
+    with caplog.at_level(logging.WARNING, logger="ddp_engine.core.console"):
         assert stream.write("lost\n") == len("lost\n")
         stream.flush()  # raised BrokenPipeError unguarded
         stream.writelines(["more\n", "and more\n"])
@@ -59,6 +58,6 @@ def test_a_run_whose_console_reader_exits_trains_on_and_completes(synthetic_data
     log = (run_dir / "train.log").read_text()
     # Rank 0 (its progress bar, its log lines) found the reader gone, said so in the log file, and
     # trained and tested on: the test's result is logged after that line.
-    gone = log.index("[rank 0][mnist_ddp.core.console][WARNING] - The reader of this process's stdout has gone")
+    gone = log.index("[rank 0][ddp_engine.core.console][WARNING] - The reader of this process's stdout has gone")
     assert log.index("Results: val/acc", gone) > gone
     assert "Traceback" not in errors and "Logging error" not in errors, errors[-3000:]

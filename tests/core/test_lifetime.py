@@ -1,4 +1,4 @@
-"""How a command's process ends (``mnist_ddp.core.lifetime.exit_without_teardown``): what a normal
+"""How a command's process ends (``ddp_engine.core.lifetime.exit_without_teardown``): what a normal
 exit does for the user is still done (non-daemon threads finish, ``atexit`` handlers run, buffered
 output is written, the status is ``sys.exit``'s), what it does for the interpreter alone is skipped
 (freeing every object: the finalizers of objects no handler holds do not run)."""
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.processes
 
 PROGRAM = textwrap.dedent("""
     import atexit, sys, threading, time
-    from mnist_ddp.core.lifetime import exit_without_teardown
+    from ddp_engine.core.lifetime import exit_without_teardown
 
     class Teardown:
         def __del__(self):
@@ -72,7 +72,7 @@ def test_a_bug_keeps_its_traceback_and_the_normal_exit():
 
 STARTING = textwrap.dedent("""
     import os, signal, sys
-    from mnist_ddp.core.lifetime import end_at_once_on_stop_signals, restore_stop_signals
+    from ddp_engine.core.lifetime import end_at_once_on_stop_signals, restore_stop_signals
     # As a terminal's shell starts a command (a test run started in the background ignores SIGINT),
     # or as it starts `command &` from a script.
     ignored = sys.argv[1] == "ignored"

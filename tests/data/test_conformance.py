@@ -1,4 +1,4 @@
-"""The conformance check (mnist_ddp.data.conformance) on real gloo processes: the template's two
+"""The conformance check (ddp_engine.data.conformance) on real gloo processes: the template's two
 DataModules and one of one's own pass on 2 and 3 processes with the counts the sharding implies,
 and DataModules that each break one guarantee fail with a message that names it.
 
@@ -9,10 +9,9 @@ the first world size that fails.
 import pytest
 import torch
 from custom_datamodules import DUPLICATES, TensorDataModule
+from ddp_engine.core.errors import UsageError
+from ddp_engine.data.conformance import ConformanceError, check_conformance, sample_ids
 from helpers import make_image_folder
-
-from mnist_ddp.core.errors import UsageError
-from mnist_ddp.data.conformance import ConformanceError, check_conformance, sample_ids
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 

@@ -19,10 +19,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from ddp_engine.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from helpers import assert_synthetic_files_in_place, copy_data, write_idx
 from torchvision.datasets import MNIST
 
-from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from mnist_ddp.data.datamodule import MNIST_MEAN, MNIST_STD, MNISTDataModule
 from mnist_ddp.data.idx import MNIST_FILES
 

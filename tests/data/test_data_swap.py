@@ -14,6 +14,10 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from ddp_engine.config.command_line import check_command_line
+from ddp_engine.config.saved_run import data_set_of_run, run_config_path, saved_run_config
+from ddp_engine.config.schema import register_configs
+from ddp_engine.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError, UsageError
 from helpers import IDX_DATA, REPO, fit_and_test_in_process, write_idx
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
@@ -21,13 +25,10 @@ from omegaconf import OmegaConf
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.mnist import read_image_file
 
-from mnist_ddp.config.command_line import check_command_line
-from mnist_ddp.config.saved_run import data_set_of_run, run_config_path, saved_run_config
-from mnist_ddp.config.schema import CONFIG_DIR, register_configs
-from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError, UsageError
 from mnist_ddp.data.datamodule import MNISTDataModule
 from mnist_ddp.data.idx import import_class
 from mnist_ddp.data.spec import CHECKPOINT_KEY
+from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 

@@ -19,18 +19,19 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from ddp_engine.config.command_line import check_command_line
+from ddp_engine.config.schema import register_configs
+from ddp_engine.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
+from ddp_engine.data.sharded import GatherDataset
+from ddp_engine.models.build import build_model
 from helpers import make_image_folder, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from PIL import Image
 
 import mnist_ddp.data.folder as folder_module
-from mnist_ddp.config.command_line import check_command_line
-from mnist_ddp.config.schema import CONFIG_DIR, register_configs
-from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from mnist_ddp.data.folder import FolderImages, ImageFolderDataModule
-from mnist_ddp.data.sharded import GatherDataset
-from mnist_ddp.models.build import build_model
+from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 
@@ -692,7 +693,7 @@ def test_bad_settings_are_refused_by_the_constructor(tmp_path, kwargs, message):
 def test_the_training_commands_checks_accept_a_good_folder_and_refuse_a_val_size_that_leaves_no_training(
     learnable, tmp_path
 ):
-    # In process, what the command runs before it starts any process (mnist_ddp.config.checks.check_data).
+    # In process, what the command runs before it starts any process (ddp_engine.config.checks.check_data).
     good = ["data=folder", f"data.root={learnable}", "data.global_batch_size=4", "trainer.accelerator=cpu",
             "trainer.devices=2", f"paths.log_dir={tmp_path}"]  # fmt: skip
     check_command_line("config", good)

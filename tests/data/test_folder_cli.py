@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ddp_engine.models.build import build_model
 from helpers import make_image_folder, only, run_cli
 from omegaconf import OmegaConf
 
 from mnist_ddp.data.images import decode_image_file
 from mnist_ddp.data.spec import DataSpec, read_data_spec
-from mnist_ddp.models.build import build_model
 
 pytestmark = pytest.mark.processes
 

@@ -1,12 +1,11 @@
 """The training sampler's position inside an epoch, in one process: the same global batches on
-every world size, and a resumed epoch that continues at the next one (mnist_ddp.data.sharding)."""
+every world size, and a resumed epoch that continues at the next one (ddp_engine.data.sharding)."""
 
 import pytest
 import torch
+from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.data.sharding import ResumableDataLoader, ResumableDistributedSampler
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset, default_convert
-
-from mnist_ddp.core.errors import ConfigValueError
-from mnist_ddp.data.sharding import ResumableDataLoader, ResumableDistributedSampler
 
 N, GLOBAL_BATCH = 1008, 48
 

@@ -20,6 +20,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from ddp_engine.callbacks.step_anatomy import PARTS
 from helpers import (
     DETERMINISTIC,
     GLOBAL_BATCH,
@@ -32,7 +33,6 @@ from helpers import (
     read_scalars,
 )  # fmt: skip
 
-from mnist_ddp.callbacks.step_anatomy import PARTS
 from mnist_ddp.data.datamodule import MNIST_MEAN, MNIST_STD, MNISTDataModule
 from mnist_ddp.models.networks import CNN
 

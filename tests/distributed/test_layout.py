@@ -4,17 +4,16 @@ import inspect
 
 import pytest
 import torch
-from torch.nn.parallel import DistributedDataParallel
-
-from mnist_ddp.core.errors import ConfigValueError
-from mnist_ddp.distributed.layout import (
+from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.distributed.layout import (
     CPU_PROCESSES_WHEN_AUTO,
     per_device_batch_size,
     resolve_devices,
     scale_learning_rate,
 )
-from mnist_ddp.distributed.options import CommHook
-from mnist_ddp.distributed.strategy import CommHookDDPStrategy
+from ddp_engine.distributed.options import CommHook
+from ddp_engine.distributed.strategy import CommHookDDPStrategy
+from torch.nn.parallel import DistributedDataParallel
 
 
 @pytest.mark.parametrize(

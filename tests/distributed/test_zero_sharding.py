@@ -1,18 +1,17 @@
-"""What ZeRO-1's wrapping (:func:`mnist_ddp.distributed.zero.shard_optimizer`) refuses, before it
+"""What ZeRO-1's wrapping (:func:`ddp_engine.distributed.zero.shard_optimizer`) refuses, before it
 builds anything: an optimizer that has stepped (its state would be lost), and a schedule whose inner
 schedulers would keep the unsharded optimizer. Each refusal is one line naming the key and the fix.
-And a loaded state is kept once (:func:`mnist_ddp.distributed.zero.drop_duplicate_state`)."""
+And a loaded state is kept once (:func:`ddp_engine.distributed.zero.drop_duplicate_state`)."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
+from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.distributed.zero import drop_duplicate_state, shard_optimizer
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
-
-from mnist_ddp.core.errors import ConfigValueError
-from mnist_ddp.distributed.zero import drop_duplicate_state, shard_optimizer
 
 
 def test_an_optimizer_that_has_stepped_is_refused():

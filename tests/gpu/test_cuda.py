@@ -10,11 +10,12 @@ and the GPU check's own steps run them.
 import lightning as L
 import pytest
 import torch
+from ddp_engine.config.schema import register_configs
+from ddp_engine.models.build import build_model
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from mnist_ddp.config.schema import CONFIG_DIR, register_configs
-from mnist_ddp.models.build import build_model
+from mnist_ddp.project import CONFIG_DIR
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

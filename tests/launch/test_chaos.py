@@ -101,7 +101,7 @@ def run_trial(trial: Trial, rng: random.Random, data_dir: Path, tmp: Path) -> di
         deadline = time.time() + 180
         if trial.phase == "start-up":
             # Right after the workers start (forked from the forkserver), before any process group exists.
-            while len(workers := processes_mentioning(f"mnist_ddp.launch.worker {log_dir}")) < trial.world_size:
+            while len(workers := processes_mentioning(f"ddp_engine.launch.worker {log_dir}")) < trial.world_size:
                 assert time.time() < deadline and run.poll() is None, "the workers never started"
                 time.sleep(0.02)
             os.kill(int(sorted(workers)[rank].split()[0]), signal.SIGKILL)

@@ -8,10 +8,9 @@ import time
 
 import pytest
 import torch
+from ddp_engine.distributed.checkpoint_io import AtomicCheckpointIO
+from ddp_engine.distributed.failures import TIMEOUT_PATTERN
 from helpers import REPO, cli_command, cli_env, processes_mentioning, read_scalars, run_cli
-
-from mnist_ddp.distributed.checkpoint_io import AtomicCheckpointIO
-from mnist_ddp.distributed.failures import TIMEOUT_PATTERN
 
 pytestmark = pytest.mark.processes
 
@@ -95,8 +94,8 @@ def test_a_killed_rank_ends_the_job_within_10_seconds_and_the_last_checkpoint_su
 # before B replaces A: certain timing, where a real kill would land anywhere in the save.
 SAVE_THEN_HANG = """
 import os, sys, time, torch
-from mnist_ddp.distributed.checkpoint_io import AtomicCheckpointIO
-from mnist_ddp.distributed.failures import TIMEOUT_PATTERN
+from ddp_engine.distributed.checkpoint_io import AtomicCheckpointIO
+from ddp_engine.distributed.failures import TIMEOUT_PATTERN
 checkpoint_io = AtomicCheckpointIO()
 checkpoint_io.save_checkpoint({"weights": torch.ones(1_000_000)}, sys.argv[1])
 os.fsync = lambda fd: (print("B written", flush=True), time.sleep(600))

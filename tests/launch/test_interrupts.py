@@ -58,7 +58,7 @@ def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
         assert marker.exists(), "the run never reached the signal step"
         running = processes_mentioning(str(log_dir))
         assert len(running) == 4, f"the supervisor, the workers' forkserver and the 2 workers: {running}"
-        assert sum("mnist_ddp.launch.worker" in line for line in running) == 2, running
+        assert sum("ddp_engine.launch.worker" in line for line in running) == 2, running
         sent = time.time()
         os.killpg(run.pid, signum) if target == "group" else os.kill(run.pid, signum)
         while processes_mentioning(str(log_dir)) and time.time() - sent < 30:

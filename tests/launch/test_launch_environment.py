@@ -5,17 +5,18 @@ and the requeue callback's own refusals."""
 import os
 
 import pytest
+from ddp_engine.callbacks.signals import RequeueOnSlurmSignal
+from ddp_engine.config.schema import register_configs
+from ddp_engine.core.environment import launcher_rank, run_stamp
+from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.distributed.checkpoint_io import LastCheckpoint
+from ddp_engine.run.trainer import build_trainer
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from omegaconf import open_dict
 
-from mnist_ddp.callbacks.signals import RequeueOnSlurmSignal
-from mnist_ddp.config.schema import CONFIG_DIR, register_configs
-from mnist_ddp.core.environment import launcher_rank, run_stamp
-from mnist_ddp.core.errors import ConfigValueError
-from mnist_ddp.distributed.checkpoint_io import LastCheckpoint
-from mnist_ddp.run.trainer import build_trainer
+from mnist_ddp.project import CONFIG_DIR
 
 
 def test_slurm_variables_map_to_ranks_on_many_nodes(monkeypatch, tmp_path):
@@ -67,9 +68,8 @@ def test_the_failure_named_is_the_cause_not_the_agents_sigterm_that_followed_it(
     # Rank 0 stopped on a SIGTERM it handled (exit 143); the agent then SIGTERMed rank 1, which had
     # already recorded its lost connection and no longer handled it, and whose record bears the
     # earlier second (the chaos test's trial "validation, sigterm" met this).
+    from ddp_engine.distributed.failures import root_failure
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-
-    from mnist_ddp.distributed.failures import root_failure
 
     stopped = ProcessFailure(local_rank=0, pid=10, exitcode=143, error_file="/nonexistent")
     killed = ProcessFailure(local_rank=1, pid=11, exitcode=-15, error_file="/nonexistent")
@@ -84,9 +84,8 @@ def test_a_recorded_exception_is_named_even_when_the_process_then_died_by_a_sign
     # A worker that recorded its exception (torch's @record, here its ErrorHandler) and then died by
     # SIGABRT on its way out (gloo's threads abort a process at exit after a failed collective): the
     # exception is the cause, not the signal (test_hydra_cli's Optuna failure met this under load).
+    from ddp_engine.distributed.failures import describe_failure, root_failure
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, ProcessFailure
-
-    from mnist_ddp.distributed.failures import describe_failure, root_failure
 
     error_file = tmp_path / "error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))

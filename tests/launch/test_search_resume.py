@@ -18,11 +18,10 @@ import optuna
 import pytest
 import torch
 import yaml
+from ddp_engine.config.command_line import check_command_line
+from ddp_engine.core.errors import ConfigValueError
 from helpers import REPO, cli_command, cli_env, processes_mentioning, read_scalars
 from mlflow import MlflowClient
-
-from mnist_ddp.config.command_line import check_command_line
-from mnist_ddp.core.errors import ConfigValueError
 
 pytestmark = pytest.mark.processes
 

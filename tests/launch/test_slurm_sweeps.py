@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from ddp_engine.config.command_line import check_command_line
+from ddp_engine.config.compose import composed_jobs
+from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.launch.slurm_launcher import slurm_variables_of_local_task
 from helpers import DETERMINISTIC, REPO, cli_command, cli_env, ranks_in_log, run_cli
 from hydra.utils import instantiate
-
-from mnist_ddp.config.command_line import check_command_line
-from mnist_ddp.config.compose import composed_jobs
-from mnist_ddp.core.errors import ConfigValueError
-from mnist_ddp.launch.slurm_launcher import slurm_variables_of_local_task
 
 TINY = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "data.val_size=200",
         "data.global_batch_size=64", "logger=[csv]")  # fmt: skip

@@ -12,11 +12,10 @@ import time
 import lightning as L
 import pytest
 import torch
+from ddp_engine.callbacks.signals import StopOnSignal, stop_on_signals
+from ddp_engine.distributed.checkpoint_io import LastCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, TensorDataset
-
-from mnist_ddp.callbacks.signals import StopOnSignal, stop_on_signals
-from mnist_ddp.distributed.checkpoint_io import LastCheckpoint
 
 
 class Tiny(L.LightningModule):
@@ -69,7 +68,7 @@ def trainer_in(run_dir, *callbacks) -> L.Trainer:
 def signals_logger(monkeypatch):
     """The callback's logger on, at rank 0: another test's logging config in the same pytest worker
     (Hydra's, ``disable_existing_loggers``) may have turned it off, or left Lightning's rank elsewhere."""
-    monkeypatch.setattr(logging.getLogger("mnist_ddp.callbacks.signals"), "disabled", False)
+    monkeypatch.setattr(logging.getLogger("ddp_engine.callbacks.signals"), "disabled", False)
     monkeypatch.setattr(rank_zero_only, "rank", 0)
 
 

@@ -8,7 +8,7 @@ bit for bit. Each sweep is stopped by SIGTERM while the slowed jobs train, and c
 same command with its ``hydra.sweep.dir``: one after another in the command's process
 (``hydra.launcher.n_jobs=1``), and two at a time on this 2-core machine, each job on its own core
 (read from ``/proc``). A failing job among parallel ones ends alone. The plan per job
-(``mnist_ddp.launch.sweep_launcher``) and the machine's slots (``mnist_ddp.launch.job_slots``, with
+(``ddp_engine.launch.sweep_launcher``) and the machine's slots (``ddp_engine.launch.job_slots``, with
 8 faked GPUs) are tested on their own too."""
 
 import csv
@@ -22,12 +22,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from ddp_engine.config.command_line import check_command_line
+from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.launch.job_slots import DevicePool, cpu_slot_size, jobs_at_a_time, visible_gpus
+from ddp_engine.launch.sweep_launcher import JobPlan, move_aside, plan_job
 from helpers import DETERMINISTIC, REPO, cli_command, cli_env, processes_mentioning, read_scalars, run_cli
-
-from mnist_ddp.config.command_line import check_command_line
-from mnist_ddp.core.errors import ConfigValueError
-from mnist_ddp.launch.job_slots import DevicePool, cpu_slot_size, jobs_at_a_time, visible_gpus
-from mnist_ddp.launch.sweep_launcher import JobPlan, move_aside, plan_job
 
 pytestmark = pytest.mark.processes
 

@@ -3,7 +3,7 @@ metric of the task (``task.metrics``) that a job has, in the task's order."""
 
 import json
 
-from mnist_ddp.launch.sweep_summary import columns, format_table, job_rows
+from ddp_engine.launch.sweep_summary import columns, format_table, job_rows
 
 
 def test_the_summary_shows_the_tasks_metrics_that_the_jobs_have(tmp_path):

@@ -5,15 +5,16 @@ with the CNN)."""
 
 import pytest
 import torch
+from ddp_engine.config.schema import register_configs
+from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.models.build import build_model
 from helpers import IDX_DATA, fit_and_test_in_process
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from mnist_ddp.config.schema import CONFIG_DIR, register_configs
-from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.data.spec import DataSpec
-from mnist_ddp.models.build import build_model
 from mnist_ddp.models.networks import CNN, MLP, ResNet
+from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 

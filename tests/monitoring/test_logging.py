@@ -3,9 +3,8 @@
 import logging
 
 import pytest
+from ddp_engine.core.log_filters import RankZeroWarningsFilter
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-from mnist_ddp.core.log_filters import RankZeroWarningsFilter
 
 
 @pytest.mark.parametrize("rank", [0, 1])

@@ -3,8 +3,7 @@
 from types import SimpleNamespace
 
 import torch
-
-from mnist_ddp.callbacks import rank_metrics, throughput
+from ddp_engine.callbacks import rank_metrics, throughput
 
 
 def test_throughput_windows_straggler_arithmetic_and_peak_gpu_memory(monkeypatch):

@@ -9,6 +9,14 @@ import csv
 from pathlib import Path
 
 import pytest
+from ddp_engine.config.command_line import check_command_line
+from ddp_engine.config.compose import composed_jobs
+from ddp_engine.config.schema import register_configs
+from ddp_engine.core.errors import UsageError
+from ddp_engine.loggers import trackers
+from ddp_engine.loggers.csv_logger import CSVLogger
+from ddp_engine.loggers.tensorboard_logger import TensorBoardLogger
+from ddp_engine.loggers.trackers import TRACKER_RUNS_FILE, build_loggers, check_tracker_packages, record_tracker_runs
 from helpers import read_scalars, scalars_as_the_app_shows
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
@@ -16,14 +24,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers import TensorBoardLogger as LightningTensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from mnist_ddp.config.command_line import check_command_line
-from mnist_ddp.config.compose import composed_jobs
-from mnist_ddp.config.schema import CONFIG_DIR, register_configs
-from mnist_ddp.core.errors import UsageError
-from mnist_ddp.loggers import trackers
-from mnist_ddp.loggers.csv_logger import CSVLogger
-from mnist_ddp.loggers.tensorboard_logger import TensorBoardLogger
-from mnist_ddp.loggers.trackers import TRACKER_RUNS_FILE, build_loggers, check_tracker_packages, record_tracker_runs
+from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 
@@ -122,7 +123,7 @@ def test_a_tracker_whose_package_is_missing_is_refused_naming_the_extra(tmp_path
         check_command_line("config", ["trainer.accelerator=cpu", "logger=[tensorboard,wandb]"])
     assert str(error.value) == (
         "logger.wandb needs the wandb_not_installed package, which is not installed: "
-        "pip install 'mnist-ddp[wandb_not_installed]' (or pip install wandb_not_installed)."
+        "pip install 'ddp-engine[wandb_not_installed]' (or pip install wandb_not_installed)."
     )
 
 

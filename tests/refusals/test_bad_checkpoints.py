@@ -13,16 +13,17 @@ import lightning as L
 import pytest
 import torch
 import torchvision
+from ddp_engine.config.command_line import check_command_line
+from ddp_engine.config.schema import register_configs
+from ddp_engine.core.errors import CheckpointError, UsageError
+from ddp_engine.distributed.checkpoint_io import check_checkpoint
+from ddp_engine.models.build import build_model as build_model_for
 from helpers import IDX_DATA
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from mnist_ddp.config.command_line import check_command_line
-from mnist_ddp.config.schema import CONFIG_DIR, register_configs
-from mnist_ddp.core.errors import CheckpointError, UsageError
 from mnist_ddp.data.spec import CHECKPOINT_KEY, checkpoint_data_spec, read_data_spec
-from mnist_ddp.distributed.checkpoint_io import check_checkpoint
-from mnist_ddp.models.build import build_model as build_model_for
+from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 

@@ -4,7 +4,7 @@ processes, options the device cannot run, a log folder that cannot be written, a
 address that cannot work, a directory that holds or runs another run.
 
 Each is checked in process, through the function the command runs first
-(:func:`~mnist_ddp.config.command_line.check_command_line`) or the one the supervisor runs before it
+(:func:`~ddp_engine.config.command_line.check_command_line`) or the one the supervisor runs before it
 starts the workers; the command line's own contract (one line on stderr, exit status 1, no
 directory) is checked once in refusals/test_refusals_cli.py. The machine here has no GPU, so GPU
 counts are mocked where a machine with GPUs is needed (torch.cuda.is_available / device_count); so
@@ -20,16 +20,16 @@ import time
 
 import pytest
 import torch
+from ddp_engine.config.checks import BASIC_SWEEPER, check_output_dir, check_sweep_dir
+from ddp_engine.config.command_line import check_command_line
+from ddp_engine.core.errors import ConfigValueError, UsageError
+from ddp_engine.core.run_dir import SWEEP_DIR_ENV, restart_hint
+from ddp_engine.distributed.layout import check_device_options
+from ddp_engine.launch import supervisor
+from ddp_engine.launch.supervisor import check_rendezvous_address, run_dir_lock
 from helpers import IDX_DATA
 from omegaconf import OmegaConf
 
-from mnist_ddp.config.checks import BASIC_SWEEPER, check_output_dir, check_sweep_dir
-from mnist_ddp.config.command_line import check_command_line
-from mnist_ddp.core.errors import ConfigValueError, UsageError
-from mnist_ddp.core.run_dir import SWEEP_DIR_ENV, restart_hint
-from mnist_ddp.distributed.layout import check_device_options
-from mnist_ddp.launch import supervisor
-from mnist_ddp.launch.supervisor import check_rendezvous_address, run_dir_lock
 from mnist_ddp.models.classifier import MNISTClassifier
 
 CPU = ("trainer.accelerator=cpu", "trainer.devices=2", "data.global_batch_size=64")

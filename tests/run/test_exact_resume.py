@@ -1,4 +1,4 @@
-"""The ExactResume callback (``mnist_ddp.callbacks.exact_resume``) in one process: a resumed fit draws
+"""The ExactResume callback (``ddp_engine.callbacks.exact_resume``) in one process: a resumed fit draws
 the random numbers the uninterrupted fit drew, a test of a checkpoint leaves the generator alone, and
 a resume whose one-cycle schedule would span other steps is refused naming both lengths. The same
 guarantees over real DDP processes and the command line: ``tests/run/test_resume.py``."""
@@ -9,11 +9,10 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from ddp_engine.callbacks.exact_resume import RNG_STATE_KEY, ExactResume
+from ddp_engine.core.errors import ConfigValueError
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from mnist_ddp.callbacks.exact_resume import RNG_STATE_KEY, ExactResume
-from mnist_ddp.core.errors import ConfigValueError
 
 #: Training batches per epoch (of one sample each).
 BATCHES = 4

@@ -1,5 +1,5 @@
 """keep_freed_host_memory: a training step's activations come from memory the process keeps, not
-from pages faulted in afresh on every step (src/mnist_ddp/run/host_memory.py says why it matters)."""
+from pages faulted in afresh on every step (engine/src/ddp_engine/run/host_memory.py says why it matters)."""
 
 import json
 import subprocess
@@ -17,7 +17,7 @@ import json, resource, sys, torch
 from torch import nn
 from torch.nn import functional as F
 if sys.argv[1] == "fixed":
-    from mnist_ddp.run.host_memory import keep_freed_host_memory
+    from ddp_engine.run.host_memory import keep_freed_host_memory
     assert keep_freed_host_memory()
 torch.set_num_threads(1)
 torch.manual_seed(0)

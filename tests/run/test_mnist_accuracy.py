@@ -10,13 +10,14 @@ the suite within its time budget.)
 
 import pytest
 import torch
+from ddp_engine.config.schema import register_configs
+from ddp_engine.models.build import build_model
 from helpers import read_scalars, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.data.spec import read_data_spec
-from mnist_ddp.models.build import build_model
+from mnist_ddp.project import CONFIG_DIR
 
 pytestmark = pytest.mark.processes
 

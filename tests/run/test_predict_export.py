@@ -13,15 +13,15 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from ddp_engine.config.command_line import check_command_line
+from ddp_engine.core import files as outputs
+from ddp_engine.core.errors import CheckpointError, ConfigValueError, ExportError, UsageError
+from ddp_engine.core.files import atomic_path
 from helpers import write_idx
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from onnx import numpy_helper
 from torchvision.io import encode_jpeg, write_png
 
-from mnist_ddp.config.command_line import check_command_line
-from mnist_ddp.core import files as outputs
-from mnist_ddp.core.errors import CheckpointError, ConfigValueError, ExportError, UsageError
-from mnist_ddp.core.files import atomic_path
 from mnist_ddp.data.idx import IMAGES_KIND, MNIST_FILES, read_idx_file
 from mnist_ddp.data.inputs import InputImages, check_inputs, list_inputs
 from mnist_ddp.data.spec import DataSpec

@@ -19,16 +19,17 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
+from ddp_engine.config.schema import register_configs
+from ddp_engine.models.build import build_model
 from helpers import IDX_DATA, REPO, cli_command, cli_env, only, ranks_in_log, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torchvision.io import write_png
 
-from mnist_ddp.config.schema import CONFIG_DIR, register_configs
 from mnist_ddp.data.idx import IMAGES_KIND, MNIST_FILES, read_idx_file
 from mnist_ddp.data.spec import read_data_spec
-from mnist_ddp.models.build import build_model
+from mnist_ddp.project import CONFIG_DIR
 
 pytestmark = pytest.mark.processes
 

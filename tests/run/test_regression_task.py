@@ -16,11 +16,10 @@ import time
 
 import pytest
 import torch
+from ddp_engine.data.conformance import check_conformance
 from helpers import REPO, cli_command, cli_env, only, read_scalars, run_cli
 from regression_task import REGRESSION, SEARCH_PATH, make_sensor_windows
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-from mnist_ddp.data.conformance import check_conformance
 
 pytestmark = pytest.mark.processes
 

@@ -15,7 +15,7 @@ import yaml
 from helpers import only, ranks_in_log, read_scalars, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from mnist_ddp.config.schema import MOVED_CLASSES, MOVED_MODULES
+from mnist_ddp.project import MOVED_CLASSES, MOVED_MODULES
 
 pytestmark = pytest.mark.processes
 

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from ddp_engine.config.schema import register_configs
 from helpers import REPO
 from hydra import compose, initialize_config_dir
 from torch import nn
@@ -28,7 +29,7 @@ from torch import nn
 from benchmarks import gpu_check, per_step
 from benchmarks.gpu_check import CheckFailed, Results, Step
 from benchmarks.probe import BatchNormStats
-from mnist_ddp.config.schema import CONFIG_DIR, register_configs
+from mnist_ddp.project import CONFIG_DIR
 
 
 def make_plan(tmp_path: Path, gpus: int, *argv: str) -> dict[str, Step]:

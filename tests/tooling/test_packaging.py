@@ -1,5 +1,6 @@
-"""``pip install .`` (not editable), as a cluster image installs the project: the console scripts
-find ``conf/`` as package data of the installed copy, from any directory.
+"""``pip install ./engine .`` (not editable), as a cluster image installs the project: the engine's
+wheel and the project's, whose console scripts find ``conf/`` as package data of the installed copy,
+from any directory.
 
 The project is installed from a copy of this working tree as git would clone it (so neither this
 tree's ``build/`` nor its egg-info takes part), into a fresh virtual environment whose
@@ -43,16 +44,18 @@ def venv(tmp_path_factory) -> tuple[Path, Path]:
                                capture_output=True, text=True, check=True).stdout.strip())  # fmt: skip
     # A plain path: the packages (setuptools for the build too), not the .pth files inside that folder.
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    probe = "import importlib.util as u; s = u.find_spec('mnist_ddp'); print(s and s.origin)"
+    probe = (
+        "import importlib.util as u; print([(s := u.find_spec(p)) and s.origin for p in ('ddp_engine', 'mnist_ddp')])"
+    )
     found = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
-    assert found == "None", f"this project's editable install leaks into the new environment: {found}"
+    assert found == "[None, None]", f"this project's editable installs leak into the new environment: {found}"
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-         "--no-build-isolation", str(project)],
+         "--no-build-isolation", str(project / "engine"), str(project)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     found = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
-    assert found == str(site / "mnist_ddp" / "__init__.py")
+    assert found == str([str(site / package / "__init__.py") for package in ("ddp_engine", "mnist_ddp")])
     return python.parent, site
 
 
@@ -64,13 +67,17 @@ def run_script(venv: tuple[Path, Path], script: str, *args: str, cwd: Path) -> s
 
 def test_the_wheel_carries_every_module_and_config(venv):
     site = venv[1]
-    source, installed = REPO / "src" / "mnist_ddp", site / "mnist_ddp"
-    # pyproject.toml lists the packages by hand: a subpackage missing there would be missing here.
-    assert sorted(p.relative_to(installed) for p in installed.rglob("*.py")) == sorted(
-        p.relative_to(source) for p in source.rglob("*.py")
-    )
+    # Both pyproject.toml list their packages by hand: a subpackage missing there would be missing here.
+    for source, installed in ((REPO / "src" / "mnist_ddp", site / "mnist_ddp"),
+                              (REPO / "engine" / "src" / "ddp_engine", site / "ddp_engine")):  # fmt: skip
+        assert sorted(p.relative_to(installed) for p in installed.rglob("*.py")) == sorted(
+            p.relative_to(source) for p in source.rglob("*.py")
+        )
+    plugins = REPO / "engine" / "src" / "hydra_plugins"
+    assert {p.name for p in (site / "hydra_plugins").glob("*.py")} == {p.name for p in plugins.glob("*.py")}
     configs = sorted(p.relative_to(REPO / "conf") for p in (REPO / "conf").rglob("*.yaml"))
-    assert len(configs) > 10 and sorted(p.relative_to(installed / "conf") for p in installed.rglob("*.yaml")) == configs
+    installed = site / "mnist_ddp" / "conf"
+    assert len(configs) > 10 and sorted(p.relative_to(installed) for p in installed.rglob("*.yaml")) == configs
 
 
 def test_the_installed_console_scripts_compose_the_packaged_config_from_anywhere(venv, tmp_path):

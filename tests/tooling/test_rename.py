@@ -124,8 +124,35 @@ def test_no_trace_of_the_old_name_is_left(renamed):
     # 36 lines of imports and references, fall below it).
     git("add", "--all", cwd=renamed)
     status = git("diff", "--cached", "--name-status", "-M", cwd=renamed)
-    for module in ("run/train.py", "data/datamodule.py", "models/networks.py", "config/checks.py"):
+    for module in ("data/base.py", "data/datamodule.py", "models/networks.py", "models/classifier.py"):
         assert re.search(rf"^R\d+\tsrc/mnist_ddp/{module}\tsrc/{NEW_PACKAGE}/{module}$", status, re.MULTILINE), status
+
+
+def test_a_renamed_clone_merges_a_change_of_every_engine_file_without_a_conflict(tmp_path):
+    # The way docs/updating.md takes the template's fixes: the template as a git remote, merged. The
+    # clone is renamed and committed; then the template changes every file of engine/ (a line
+    # appended, as a fix would add one), and the clone merges it: no conflict, and each engine file
+    # of the clone is the template's, while the project's renamed package stays its own.
+    template = cloned(tmp_path / "template")
+    git("clone", "--quiet", str(template), "project", cwd=tmp_path)
+    project, user = tmp_path / "project", ("-c", "user.name=test", "-c", "user.email=test@localhost")
+    assert rename(project, NEW_DIST).returncode == 0
+    git("add", "--all", cwd=project)
+    git(*user, "commit", "--quiet", "-m", "rename", cwd=project)
+    engine_files = [name for name in project_files(template) if name.startswith("engine/")]
+    assert len(engine_files) > 60
+    for name in engine_files:
+        path = template / name
+        path.write_text(
+            path.read_text() + ("# a later fix of the engine\n" if path.suffix in (".py", ".toml") else "\n")
+        )
+    git(*user, "commit", "--quiet", "-am", "a fix in every engine file", cwd=template)
+    merge = subprocess.run(["git", *user, "pull", "--no-rebase", "--no-edit", "origin", "HEAD"],
+                           cwd=project, capture_output=True, text=True)  # fmt: skip
+    assert merge.returncode == 0, merge.stdout + merge.stderr
+    assert git("diff", "--name-only", "--diff-filter=U", cwd=project) == ""
+    assert all((project / name).read_bytes() == (template / name).read_bytes() for name in engine_files)
+    assert (project / "src" / NEW_PACKAGE / "train.py").is_file() and not (project / "src" / "mnist_ddp").exists()
 
 
 # Joined, as above. The long name sorts before the other first-party package (benchmarks), so its
@@ -152,7 +179,8 @@ def test_a_renamed_copy_passes_the_hygiene_checks_for_a_name_of_any_length(name,
 
 @pytest.fixture(scope="module")
 def installed(renamed) -> Path:
-    """The renamed project with its .venv: this environment's packages, the renamed project editable."""
+    """The renamed project with its .venv: this environment's packages, the renamed project and its
+    engine editable."""
     venv = renamed / ".venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     python = venv / "bin" / "python"
@@ -162,13 +190,20 @@ def installed(renamed) -> Path:
     Path(target, "template-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-         "--no-build-isolation", "--editable", str(renamed)],
+         "--no-build-isolation", "--editable", str(renamed / "engine"), "--editable", str(renamed)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     (venv / ".installed").touch()  # make's marker: the environment is up to date with pyproject.toml
-    probe = f"import importlib.util as u; print(u.find_spec('mnist_ddp'), u.find_spec('{NEW_PACKAGE}').origin)"
+    probe = (
+        f"import importlib.util as u; "
+        f"print(u.find_spec('mnist_ddp'), u.find_spec('{NEW_PACKAGE}').origin, u.find_spec('ddp_engine').origin)"
+    )
     found = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    assert found == ["None", str(renamed / "src" / NEW_PACKAGE / "__init__.py")]
+    assert found == [
+        "None",
+        str(renamed / "src" / NEW_PACKAGE / "__init__.py"),
+        str(renamed / "engine" / "src" / "ddp_engine" / "__init__.py"),
+    ]
     return renamed
 
 
@@ -188,13 +223,13 @@ def test_the_renamed_projects_make_test_passes(installed, tmp_path):
     assert "  - data: colours\n" in config.read_text()
     env = clean_env()
     result = subprocess.run(
-        ["make", "test", f"PYTEST_ARGS=-n 0 -p no:cacheprovider {QUICK_TESTS}"],
+        ["make", "test", f"PYTEST_ARGS=-n 0 -p no:cacheprovider -rs {QUICK_TESTS}"],
         cwd=installed, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "pip install" not in result.stdout, "make must take the prepared .venv as installed"
     summary = result.stdout.strip().splitlines()[-1]
-    assert " passed" in summary and "failed" not in summary and "skipped" not in summary, summary
+    assert " passed" in summary and "failed" not in summary and "skipped" not in summary, result.stdout[-3000:]
 
 
 def test_the_renamed_console_scripts_run_the_renamed_package(installed, tmp_path):

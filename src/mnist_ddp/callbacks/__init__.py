@@ -1,2 +1,2 @@
-"""Lightning callbacks of a run (``conf/callbacks``): TensorBoard summaries, throughput, misclassified
-images and their figures, the DDP settings report, and stopping on signals."""
+"""The task's own callbacks (``conf/task``'s ``callbacks``): the input batch and the misclassified images,
+with their figures."""

@@ -1,4 +1,4 @@
-"""Matplotlib figures of images and of a confusion matrix (:mod:`mnist_ddp.loggers.media` writes them to the loggers).
+"""Matplotlib figures of images and of a confusion matrix (:mod:`ddp_engine.loggers.media` writes them to the loggers).
 
 The figures are built on ``matplotlib.figure.Figure`` directly, never through pyplot's global
 state, so they need no display and are safe in every DDP process.

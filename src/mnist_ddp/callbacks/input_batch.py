@@ -1,10 +1,10 @@
 """What the network is fed: one training batch of an image classification task, as an image."""
 
 import lightning as L
+from ddp_engine.loggers.media import log_figure, media_loggers
 from typing_extensions import override
 
 from mnist_ddp.callbacks.figures import image_grid
-from mnist_ddp.loggers.media import log_figure, media_loggers
 
 
 class InputBatchFigure(L.Callback):

@@ -2,11 +2,11 @@
 
 import lightning as L
 import torch
+from ddp_engine.loggers.media import log_figure, media_loggers
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from mnist_ddp.callbacks.figures import confusion_matrix_figure, image_grid
-from mnist_ddp.loggers.media import log_figure, media_loggers
 
 
 class MisclassificationReport(L.Callback):

@@ -1,2 +1,3 @@
-"""The data: the IDX file format (:mod:`.idx`), the DataModule (:mod:`.datamodule`) and its
-resumable sharding across DDP processes (:mod:`.sharding`); the inputs of a prediction (:mod:`.inputs`)."""
+"""The task's data: image DataModules over the engine's base (:mod:`.base`), the IDX file format
+(:mod:`.idx`, :mod:`.datamodule`), a folder of images (:mod:`.folder`), and the inputs of a prediction
+(:mod:`.inputs`)."""

@@ -1,6 +1,6 @@
 """The base of the image classification DataModules (:class:`ClassificationDataModule`): a subclass
 provides the data set's facts and its split datasets of uint8 images and integer labels; on top of
-the engine's sharding, exact evaluation and resume position (:class:`~mnist_ddp.data.sharded.ShardedDataModule`)
+the engine's sharding, exact evaluation and resume position (:class:`~ddp_engine.data.sharded.ShardedDataModule`)
 come normalization and augmentation.
 
 Every batch arrives as uint8 pixels and is normalized on its device by the data set's own formula
@@ -12,16 +12,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from ddp_engine.core.errors import ConfigValueError
+
+# GatherDataset and unrepeated_loader too: a DataModule of one's own imported them from here before
+# they moved to the engine's data/sharded.py.
+from ddp_engine.data.sharded import GatherDataset, ShardedDataModule, collate_for, unrepeated_loader  # noqa: F401
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
-from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.data.augment import crop_and_flip
-
-# GatherDataset and unrepeated_loader too: a DataModule of one's own imported them from here before
-# they moved to the engine's data/sharded.py.
-from mnist_ddp.data.sharded import GatherDataset, ShardedDataModule, collate_for, unrepeated_loader  # noqa: F401
 from mnist_ddp.data.spec import DataSpec, check_same_data, read_data_spec
 
 
@@ -35,7 +35,7 @@ def first_pixels(dataset: Dataset, count: int) -> Tensor:
 class ClassificationDataModule(ShardedDataModule):
     """The base of the template's image classification DataModules: a subclass provides the data
     set's facts and its split datasets; sharding, the batch layout, exact evaluation and the resume
-    position come from :class:`~mnist_ddp.data.sharded.ShardedDataModule`, normalization and
+    position come from :class:`~ddp_engine.data.sharded.ShardedDataModule`, normalization and
     augmentation from here.
 
     A subclass implements:
@@ -46,17 +46,17 @@ class ClassificationDataModule(ShardedDataModule):
     - ``setup(stage)``: set :attr:`train_set` and :attr:`val_set` for ``"fit"`` and
       ``"validate"``, :attr:`test_set` for ``"test"``. Each is a map-style dataset whose sample
       ``i`` is ``(pixels, label)``: ``(C, H, W)`` uint8 and an int in ``0..num_classes - 1``
-      (torch's ``default_collate`` stacks them), or a :class:`~mnist_ddp.data.sharded.GatherDataset`
+      (torch's ``default_collate`` stacks them), or a :class:`~ddp_engine.data.sharded.GatherDataset`
       of ``(N, C, H, W)`` uint8 and ``(N,)`` int64 tensors, which serves whole batches.
     - optionally ``prepare_data()`` and :meth:`check_val_size`
-      (:class:`~mnist_ddp.data.sharded.ShardedDataModule` says when they run).
+      (:class:`~ddp_engine.data.sharded.ShardedDataModule` says when they run).
 
     The network is built for :attr:`spec` (:meth:`model_arguments`), and a checkpoint is applied
     only to the data it was trained for (:meth:`check_checkpoint`).
 
     Args:
         global_batch_size, num_workers, shuffle_seed, prepare_data_per_node, on_device: see
-            :class:`~mnist_ddp.data.sharded.ShardedDataModule`; ``shuffle_seed`` also seeds the
+            :class:`~ddp_engine.data.sharded.ShardedDataModule`; ``shuffle_seed`` also seeds the
             augmentation's draws.
         crop_padding: train-time random crop: pixels of zero padding on each side, then a crop
             back to the image size at a random offset (default 0: off). For natural images, about

@@ -3,7 +3,7 @@ sharded across DDP processes by :class:`~mnist_ddp.data.base.ClassificationDataM
 
 - ``prepare_data`` (local rank 0 of each node) makes sure the four IDX files are on disk.
 - ``setup`` loads them once into tensors: images ``(N, 1, H, W)`` uint8, labels ``(N,)`` int64;
-  every batch is one index gather from them (:class:`~mnist_ddp.data.sharded.GatherDataset`), and
+  every batch is one index gather from them (:class:`~ddp_engine.data.sharded.GatherDataset`), and
   is normalized on its device.
 
 Any data set in MNIST's file format (four IDX files: ``(N, H, W)`` uint8 images and ``(N,)`` uint8
@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
+from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.data.sharded import GatherDataset
 from typing_extensions import override
 
-from mnist_ddp.core.errors import ConfigValueError
 from mnist_ddp.data.base import ClassificationDataModule
 from mnist_ddp.data.idx import (
     LABELS_KIND,
@@ -29,7 +30,6 @@ from mnist_ddp.data.idx import (
     import_class,
     read_idx_split,
 )
-from mnist_ddp.data.sharded import GatherDataset
 from mnist_ddp.data.spec import DataSpec
 
 #: Mean and standard deviation of the MNIST training pixels on a 0..1 scale (over all 60,000

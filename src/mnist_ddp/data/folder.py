@@ -30,15 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from ddp_engine.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
+from ddp_engine.core.files import write_json
+from ddp_engine.data.sharded import GatherDataset
 from torch import Tensor
 from torch.utils.data import Dataset
 from typing_extensions import override
 
-from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
-from mnist_ddp.core.files import write_json
 from mnist_ddp.data.base import ClassificationDataModule
 from mnist_ddp.data.images import decode_image_file, is_image_file, resized
-from mnist_ddp.data.sharded import GatherDataset
 from mnist_ddp.data.spec import DataSpec, per_channel
 
 log = logging.getLogger(__name__)

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from ddp_engine.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from mnist_ddp.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from mnist_ddp.data.idx import IMAGES_KIND, check_idx_file, read_idx_file
 from mnist_ddp.data.images import IMAGE_SUFFIXES, converted, decode_image_file, is_image_file, resized
 from mnist_ddp.data.input_path import check_input_path
@@ -142,7 +142,7 @@ class InputImages(Dataset):
     (:meth:`~mnist_ddp.data.spec.DataSpec.normalize`). An IDX file is read whole once (a few MB);
     image files are decoded as their batch is served, so that each replica decodes only its own
     shard. It serves whole batches (``__getitems__``), as a
-    :class:`~mnist_ddp.data.sharded.GatherDataset` does: a DataLoader over it needs
+    :class:`~ddp_engine.data.sharded.GatherDataset` does: a DataLoader over it needs
     ``collate_fn=default_convert``.
 
     Args:

@@ -2,7 +2,7 @@
 images and their normalization (:class:`DataSpec`).
 
 The DataModule owns these facts (``datamodule.spec``); the network is built for them
-(:func:`mnist_ddp.models.build.build_model`), the classifier keeps them in every checkpoint, and
+(:func:`ddp_engine.models.build.build_model`), the classifier keeps them in every checkpoint, and
 the metrics, figures, ``predict`` and ``export`` read them from there: no second copy anywhere.
 """
 
@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from ddp_engine.core.errors import ConfigValueError
 from torch import Tensor
-
-from mnist_ddp.core.errors import ConfigValueError
 
 #: The key under which a checkpoint holds its data set's spec (:meth:`DataSpec.to_dict`).
 CHECKPOINT_KEY = "data_spec"
@@ -84,7 +83,7 @@ class DataSpec:
         return {"in_channels": self.channels, "image_size": list(self.image_size), "num_classes": self.num_classes}
 
     def model_arguments(self) -> dict[str, Any]:
-        """What the classifier is built for (:func:`mnist_ddp.models.build.build_model`): ``net``, the
+        """What the classifier is built for (:func:`ddp_engine.models.build.build_model`): ``net``, the
         :meth:`network_arguments`; ``data_spec``, this spec, which it keeps in every checkpoint."""
         return {"net": self.network_arguments(), "data_spec": self.to_dict()}
 

@@ -9,13 +9,13 @@ from collections.abc import Callable, Mapping
 import lightning as L
 import torch
 import torch.nn.functional as F
+from ddp_engine.core.compat import logs_this_step
+from ddp_engine.models.optimization import build_lr_scheduler, needs_total_steps
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from mnist_ddp.core.compat import logs_this_step
 from mnist_ddp.data.spec import CHECKPOINT_KEY, DataSpec
-from mnist_ddp.models.optimization import build_lr_scheduler, needs_total_steps
 
 
 class MNISTClassifier(L.LightningModule):
@@ -28,7 +28,7 @@ class MNISTClassifier(L.LightningModule):
 
     Args:
         net: module mapping ``(N, C, H, W)`` images to ``(N, num_classes)`` logits, built for the data
-            (:func:`mnist_ddp.models.build.build_model` gives it the data's shape and class count).
+            (:func:`ddp_engine.models.build.build_model` gives it the data's shape and class count).
         optimizer: ``functools.partial`` of a ``torch.optim.Optimizer`` missing only the parameters
             (Hydra ``_partial_: true``).
         scheduler: partial of a ``torch.optim.lr_scheduler`` missing only the optimizer, or None

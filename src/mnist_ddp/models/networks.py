@@ -2,7 +2,7 @@
 
 Every network takes the data's shape and class count as its first three arguments, ``in_channels``
 (``C``), ``image_size`` (``(H, W)``) and ``num_classes``, which the template fills from the data set
-(:meth:`mnist_ddp.data.spec.DataSpec.network_arguments`, :func:`mnist_ddp.models.build.build_model`):
+(:meth:`mnist_ddp.data.spec.DataSpec.network_arguments`, :func:`ddp_engine.models.build.build_model`):
 they are never written in a YAML. The rest are the network's own, set in ``conf/model/*.yaml``.
 
 Add yours here (or in a module of your own) with the same three first arguments, and name it in a
@@ -11,9 +11,8 @@ Add yours here (or in a module of your own) with the same three first arguments,
 
 from collections.abc import Sequence
 
+from ddp_engine.core.errors import ConfigValueError
 from torch import Tensor, nn
-
-from mnist_ddp.core.errors import ConfigValueError
 
 
 class CNN(nn.Module):

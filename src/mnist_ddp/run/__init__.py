@@ -1,1 +1,1 @@
-"""What one process of a job does: build the Trainer, then train, evaluate, predict or export."""
+"""The task's own commands: predict and export a checkpoint of the image classifier."""

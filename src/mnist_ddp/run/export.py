@@ -18,12 +18,12 @@ trained on (its :class:`~mnist_ddp.data.spec.DataSpec`):
 
 The data set's per-channel normalization, ``(pixel / 255 - mean[c]) / std[c]``, is computed inside
 the exported graph, so a consumer feeds raw pixels and needs nothing else from the run. The model
-is the checkpoint's run's, as for evaluation (applied before: :mod:`mnist_ddp.config.saved_run`).
+is the checkpoint's run's, as for evaluation (applied before: :mod:`ddp_engine.config.saved_run`).
 
 The file is written under a temporary name beside its final path, loaded back (onnxruntime for
 ONNX, ``torch.export.load``) and run on :data:`CHECK_IMAGES` of the data set's test images; only when
 its logits equal the LightningModule's on them within :data:`TOLERANCE` is it given its name, and
-never over an existing file (:func:`mnist_ddp.core.files.atomic_path`). A run directory
+never over an existing file (:func:`ddp_engine.core.files.atomic_path`). A run directory
 (``logs/exports/<stamp>/``) keeps the command's config, its log and ``metrics.json`` (the file,
 the format, the difference found).
 """
@@ -34,15 +34,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+from ddp_engine.core.errors import ExportError
+from ddp_engine.core.files import atomic_path
+from ddp_engine.models.build import build_model
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from mnist_ddp.core.errors import ExportError
-from mnist_ddp.core.files import atomic_path
 from mnist_ddp.data.base import first_pixels
 from mnist_ddp.data.spec import DataSpec, checkpoint_data_spec, normalize_pixels
-from mnist_ddp.models.build import build_model
 from mnist_ddp.run.export_format import SUFFIXES, ExportFormat, check_output, output_path
 
 log = logging.getLogger(__name__)

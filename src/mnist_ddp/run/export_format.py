@@ -7,8 +7,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from mnist_ddp.core.errors import ConfigValueError, ExportError
-from mnist_ddp.core.files import check_writable
+from ddp_engine.core.errors import ConfigValueError, ExportError
+from ddp_engine.core.files import check_writable
 
 
 class ExportFormat(str, Enum):

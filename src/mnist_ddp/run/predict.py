@@ -7,13 +7,13 @@ and global rank 0 writes
 input order (:data:`COLUMNS`).
 
 Each replica predicts its own shard, inputs ``r``, ``r + world_size``, ... for global rank ``r``:
-the unpadded sharding of evaluation (:func:`mnist_ddp.data.sharded.unrepeated_loader`), which is
+the unpadded sharding of evaluation (:func:`ddp_engine.data.sharded.unrepeated_loader`), which is
 also the one ``trainer.predict`` puts in by itself, so that every input is predicted exactly once
 whatever the number of processes. At the end of the prediction epoch the replicas' rows meet in
 one all-gather (:class:`PredictionCSV`), and global rank 0 puts them back in input order and
 writes the CSV atomically: a kill leaves the whole file or none.
 
-The model is the checkpoint's run's, as for evaluation (:mod:`mnist_ddp.config.saved_run`); the image
+The model is the checkpoint's run's, as for evaluation (:mod:`ddp_engine.config.saved_run`); the image
 shape, normalization and class names are the ones the checkpoint keeps (its
 :class:`~mnist_ddp.data.spec.DataSpec`). The data set's own files are not read.
 """
@@ -25,21 +25,21 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from ddp_engine.callbacks.signals import stop_on_signals
+from ddp_engine.core.files import write_csv, write_json
+from ddp_engine.core.run_dir import METRICS_FILE
+from ddp_engine.data.sharded import unrepeated_loader
+from ddp_engine.models.build import build_model
+from ddp_engine.run.host_memory import keep_freed_host_memory
+from ddp_engine.run.trainer import build_trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 from torch import Tensor
 from torch.utils.data import default_convert
 
-from mnist_ddp.callbacks.signals import stop_on_signals
-from mnist_ddp.core.files import write_csv, write_json
-from mnist_ddp.core.run_dir import METRICS_FILE
 from mnist_ddp.data.inputs import InputImages
-from mnist_ddp.data.sharded import unrepeated_loader
 from mnist_ddp.data.spec import checkpoint_data_spec
-from mnist_ddp.models.build import build_model
-from mnist_ddp.run.host_memory import keep_freed_host_memory
-from mnist_ddp.run.trainer import build_trainer
 
 log = logging.getLogger(__name__)
 info = rank_zero_only(log.info)
@@ -176,7 +176,7 @@ def in_input_order(indices: Tensor, classes: Tensor, probabilities: Tensor, coun
 def write_predictions(
     path: Path, names: Sequence[str], classes: Tensor, probabilities: Tensor, class_names: Sequence[str]
 ) -> None:
-    """Write ``predictions.csv`` atomically (:func:`mnist_ddp.core.files.write_csv`): :data:`COLUMNS`,
+    """Write ``predictions.csv`` atomically (:func:`ddp_engine.core.files.write_csv`): :data:`COLUMNS`,
     one row per input in the order of ``names``, with its class (``(N,)`` int64 ``classes``, named by
     ``class_names``) and that class's probability (``(N,)`` float32 ``probabilities``)."""
     rows = (

@@ -1,0 +1,314 @@
+"""The config schema: typed dataclasses that Hydra checks every composed config against.
+
+The values live in ``conf/`` (one YAML group per concern); this module only says which keys
+exist and what type each has. Hydra merges every YAML file and every command-line override
+into these dataclasses, so a mistyped key (``data.global_batchsize=64``) or a wrong type
+(``trainer.max_epochs=three``) is refused while the config is composed, before any process
+or DDP process group exists.
+
+A project adds the schemas of its own configs (its data sets', its commands'):
+:attr:`ddp_engine.project.Project.register_schemas`.
+
+Every field is ``MISSING`` here: the values are in ``conf/``, one place per default (a test,
+``tests/config/test_defaults.py``, keeps it so and compares the YAML with the signatures of the
+template's own classes).
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+from ddp_engine.core.environment import run_stamp
+from ddp_engine.core.objective import Mode
+from ddp_engine.distributed.options import CommHook, LRScaling
+from ddp_engine.project import current
+
+
+@dataclass
+class ModelConfig:
+    """``model`` group: arguments of the task's LightningModule (its ``_target_``).
+
+    ``net``, ``optimizer`` and ``scheduler`` are Hydra ``_target_`` nodes; their keys are
+    checked when they are instantiated (still before any process launches).
+    """
+
+    _target_: str = MISSING
+    net: Any = MISSING
+    optimizer: Any = MISSING
+    scheduler: Any = MISSING
+    scheduler_interval: str = MISSING
+    compile: bool = MISSING
+
+
+@dataclass
+class TaskCommandConfig:
+    """``task.predict``, ``task.export``: a command of the task's own, each ``module:function``.
+
+    ``run``: what each process of a prediction does with the job's config (``run(cfg) -> dict``),
+    or the export, in the command's own process; ``check_paths``: ``(cfg) -> None``, called before
+    torch is imported (its module must import none), refuses paths that name nothing; ``check_job``:
+    ``(cfg, model, world_size) -> None``, called once the job's model is built for its checkpoint,
+    before any process starts. Each check raises a :class:`~ddp_engine.core.errors.UsageError`.
+    """
+
+    run: str = MISSING
+    check_paths: str | None = MISSING
+    check_job: str | None = MISSING
+
+
+@dataclass
+class TaskConfig:
+    """``task`` group: what the engine learns from the task (``conf/task/classification.yaml``).
+
+    ``objective``: the metric (a tag the LightningModule logs in validation) that chooses the best
+    checkpoint and that a sweep optimizes; ``mode``: :class:`~ddp_engine.core.objective.Mode`;
+    ``metrics``: the tags shown in the final lines, ``summary.csv`` and HPARAMS; ``callbacks``: the
+    task's own callbacks (figures), a name each, given to every Trainer beside ``callbacks``;
+    ``predict`` and ``export``: what ``python -m <project>.predict`` / ``export`` run with a
+    checkpoint of the task (:class:`TaskCommandConfig`), or None for a task that has none (refused
+    in one line).
+    """
+
+    objective: str = MISSING
+    mode: Mode = MISSING
+    metrics: list[str] = MISSING
+    callbacks: dict[str, Any] = MISSING
+    predict: TaskCommandConfig | None = MISSING
+    export: TaskCommandConfig | None = MISSING
+
+
+@dataclass
+class TrainerConfig:
+    """``trainer`` group: the subset of ``lightning.pytorch.Trainer`` arguments this template sets.
+
+    ``devices``, ``fast_dev_run``, ``overfit_batches``, ``profiler`` and the ``limit_*`` /
+    ``val_check_interval`` fields are ``Any`` because Lightning takes an int, a float, a str or an
+    object there and OmegaConf 2.3 has no Union of primitives.
+    ``devices`` is ``"auto"``, a process count, or a list of device indices; ``"auto"`` means
+    every GPU when CUDA is available, else 2 CPU processes (see
+    :func:`ddp_engine.distributed.layout.resolve_devices`).
+    """
+
+    _target_: str = MISSING
+    accelerator: str = MISSING
+    devices: Any = MISSING
+    num_nodes: int = MISSING
+    precision: str = MISSING
+    max_epochs: int = MISSING
+    max_steps: int = MISSING
+    accumulate_grad_batches: int = MISSING
+    gradient_clip_val: float | None = MISSING
+    check_val_every_n_epoch: int = MISSING
+    val_check_interval: Any = MISSING
+    limit_train_batches: Any = MISSING
+    limit_val_batches: Any = MISSING
+    limit_test_batches: Any = MISSING
+    num_sanity_val_steps: int = MISSING
+    log_every_n_steps: int = MISSING
+    sync_batchnorm: bool = MISSING
+    deterministic: bool | None = MISSING
+    benchmark: bool | None = MISSING
+    fast_dev_run: Any = MISSING
+    overfit_batches: Any = MISSING
+    profiler: Any = MISSING
+    enable_progress_bar: bool = MISSING
+    enable_model_summary: bool = MISSING
+    use_distributed_sampler: bool = MISSING
+    enable_checkpointing: bool = MISSING
+    default_root_dir: str | None = MISSING
+
+
+@dataclass
+class StrategyConfig:
+    """``strategy`` group: arguments of :class:`ddp_engine.distributed.strategy.CommHookDDPStrategy`.
+
+    Values come from ``conf/strategy/*.yaml``; docs/distributed.md's table gives each one's meaning.
+    ``process_group_backend`` ``None`` lets Lightning choose: NCCL on CUDA devices, gloo on CPU.
+    ``timeout`` is a ``datetime.timedelta`` node (``_target_``), so Hydra builds it; so is
+    ``checkpoint_io`` (a Lightning ``CheckpointIO``; None: Lightning's own).
+    """
+
+    _target_: str = MISSING
+    process_group_backend: str | None = MISSING
+    timeout: Any = MISSING
+    find_unused_parameters: bool = MISSING
+    static_graph: bool = MISSING
+    gradient_as_bucket_view: bool = MISSING
+    bucket_cap_mb: float = MISSING
+    broadcast_buffers: bool = MISSING
+    comm_hook: CommHook = MISSING
+    powersgd_rank: int = MISSING
+    powersgd_start_iter: int = MISSING
+    optimizer_sharding: bool = MISSING
+    checkpoint_io: Any = MISSING
+
+
+@dataclass
+class LRScalingConfig:
+    """``lr_scaling``: ``model.optimizer.lr`` is the rate at ``reference_batch_size``; see
+    :func:`ddp_engine.distributed.layout.scale_learning_rate`."""
+
+    rule: LRScaling = MISSING
+    reference_batch_size: int = MISSING
+
+
+@dataclass
+class TensorBoardLoggerConfig:
+    """``logger.tensorboard``: arguments of :class:`ddp_engine.loggers.tensorboard_logger.TensorBoardLogger`
+    (Lightning's)."""
+
+    _target_: str = MISSING
+    save_dir: str = MISSING
+    name: str | None = MISSING
+    version: str = MISSING
+    default_hp_metric: bool = MISSING
+    log_graph: bool = MISSING
+
+
+@dataclass
+class CSVLoggerConfig:
+    """``logger.csv``: arguments of :class:`ddp_engine.loggers.csv_logger.CSVLogger` (Lightning's)."""
+
+    _target_: str = MISSING
+    save_dir: str = MISSING
+    name: str = MISSING
+    version: str = MISSING
+
+
+@dataclass
+class MLFlowLoggerConfig:
+    """``logger.mlflow``: arguments of ``lightning.pytorch.loggers.MLFlowLogger``; ``run_name``
+    null names the run by its run directory (:func:`ddp_engine.loggers.trackers.build_loggers`)."""
+
+    _target_: str = MISSING
+    experiment_name: str = MISSING
+    run_name: str | None = MISSING
+    tracking_uri: str = MISSING
+    artifact_location: str | None = MISSING
+    tags: dict[str, str] = MISSING
+    log_model: bool = MISSING
+
+
+@dataclass
+class WandbLoggerConfig:
+    """``logger.wandb``: arguments of ``lightning.pytorch.loggers.WandbLogger``; ``name`` null names
+    the run by its run directory."""
+
+    _target_: str = MISSING
+    project: str = MISSING
+    name: str | None = MISSING
+    save_dir: str = MISSING
+    offline: bool = MISSING
+    log_model: bool = MISSING
+
+
+@dataclass
+class LoggerConfig:
+    """``logger`` group: one key per logger, several at once (``logger=[tensorboard,mlflow]``);
+    ``logger=[]``: none."""
+
+    tensorboard: TensorBoardLoggerConfig | None = None
+    csv: CSVLoggerConfig | None = None
+    mlflow: MLFlowLoggerConfig | None = None
+    wandb: WandbLoggerConfig | None = None
+
+
+@dataclass
+class LauncherConfig:
+    """``launcher``: the supervisor of a run's processes on one machine (:mod:`ddp_engine.launch.supervisor`)."""
+
+    rendezvous_timeout: float = MISSING
+    shutdown_timeout: float = MISSING
+    env: dict[str, str] = MISSING
+
+
+@dataclass
+class PathsConfig:
+    """``paths`` group: where data and run outputs go (absolute after resolution)."""
+
+    root_dir: str = MISSING
+    data_dir: str = MISSING
+    log_dir: str = MISSING
+    output_dir: str = MISSING
+
+
+@dataclass
+class JobConfig:
+    """What every entry point's config holds: the task's facts, the groups that build the DataModule,
+    model and DDP Trainer. ``callbacks`` maps a name to a Lightning callback's ``_target_`` node. ``data`` is
+    typed by its data set's own schema (a :class:`DataConfig`), or by none for a DataModule of
+    your own."""
+
+    task: TaskConfig = MISSING
+    data: Any = MISSING
+    model: ModelConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    strategy: StrategyConfig = MISSING
+    logger: LoggerConfig = MISSING
+    callbacks: dict[str, Any] = MISSING
+    paths: PathsConfig = MISSING
+    launcher: LauncherConfig = MISSING
+    seed: int = MISSING
+
+
+@dataclass
+class Config(JobConfig):
+    """The composed config of ``python -m <project>.train`` (``conf/config.yaml``).
+
+    ``ckpt_path`` resumes ``trainer.fit`` from a checkpoint when set.
+    """
+
+    lr_scaling: LRScalingConfig = MISSING
+    ckpt_path: str | None = MISSING
+
+
+@dataclass
+class EvalConfig(JobConfig):
+    """The composed config of ``python -m <project>.eval`` (``conf/eval.yaml``).
+
+    ``ckpt_path`` is required. The model is rebuilt from the checkpoint's own run config
+    (``<run>/.hydra/config.yaml``) when it exists; ``model`` is used only when it does not.
+    """
+
+    ckpt_path: str = MISSING
+
+
+def upgrade_targets(node: Any) -> Any:
+    """``node`` (a config read from a run's ``.hydra/config.yaml``, or any part of one) with every
+    ``_target_`` that names a class where an earlier version of this template had it renamed to
+    where it is now (the project's ``moved_modules`` and ``moved_classes``:
+    :class:`~ddp_engine.project.Project`), in place; returns ``node``."""
+    if isinstance(node, DictConfig):
+        for key, value in node.items_ex(resolve=False):  # unresolved: ${hydra:...} has no value here
+            if key == "_target_" and isinstance(value, str):
+                module, _, name = value.rpartition(".")
+                moved_modules, moved_classes = current().moved_modules, current().moved_classes
+                node[key] = moved_classes.get(value) or (
+                    f"{moved_modules[module]}.{name}" if module in moved_modules else value
+                )
+            else:
+                upgrade_targets(value)
+    elif isinstance(node, ListConfig):
+        for index in range(len(node)):
+            if not OmegaConf.is_interpolation(node, index):  # unresolved, as above
+                upgrade_targets(node[index])
+    return node
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore: the engine's (``config_schema`` and ``eval_schema``,
+    named in ``conf/config.yaml`` and ``conf/eval.yaml``) and the project's own
+    (:attr:`~ddp_engine.project.Project.register_schemas`); and register the ``${run_stamp:}``
+    resolver of the run directory names (:func:`ddp_engine.core.environment.run_stamp`).
+
+    Raises:
+        RuntimeError: when no project is registered (:func:`ddp_engine.project.current`).
+    """
+    if not OmegaConf.has_resolver("run_stamp"):
+        # Cached, like Hydra's ${now:}: every job of a sweep resolves the sweep's directory alike.
+        OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
+    ConfigStore.instance().store(name="config_schema", node=Config)
+    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
+    current().register_schemas(ConfigStore.instance())

@@ -1,0 +1,372 @@
+"""The private APIs of Lightning, torch, OmegaConf and Hydra's Optuna plugin that the template
+relies on: the one module that touches them, so that an upgrade that changes one breaks here, and
+``tests/core/test_compat.py`` names it. No other module uses a private attribute of a library (that
+test scans ``src/`` for one).
+
+Known to work with torch 2.14.1, lightning 2.6.6, omegaconf 2.3.1, tensorboard 2.21.0,
+hydra-optuna-sweeper 1.3.0 and submitit 1.5.4 (read with ``pip show``; ``pyproject.toml`` points
+here). Each private API, and the public one missing:
+
+Lightning
+    - ``_TrainingEpochLoop._broadcast_sigterm_tensor`` (replaced on the instance,
+      :func:`skip_sigterm_broadcast`): no setting turns off the per-step broadcast of the SIGTERM flag.
+    - ``trainer.fit_loop.epoch_loop.batch_progress.current.processed`` and ``.ready``
+      (:func:`epoch_batches_processed`, :func:`epoch_batches_ready`): the loops are private classes;
+      the Trainer exposes no count of the epoch's batches, and a hook's ``batch_idx`` exists only
+      inside the hook.
+    - ``trainer._logger_connector.should_update_logs`` (:func:`logs_this_step`): whether the values a
+      training step logs ``on_step`` reach the loggers; the Trainer has no public accessor, and a
+      value logged at another step is computed for nothing.
+    - ``ModelCheckpoint._every_n_epochs`` (written, :func:`also_save_at_epoch_end`): the constructor
+      takes one trigger, and the ``every_n_epochs`` property has no setter.
+    - ``ModelCheckpoint._save_topk_checkpoint`` and ``_monitor_candidates`` (:func:`save_checkpoint_now`):
+      no public method saves a callback's checkpoint outside its own triggers.
+    - ``DDPStrategy._ddp_kwargs`` (:func:`ddp_kwargs`): the ``DistributedDataParallel`` arguments,
+      taken by the constructor, with no accessor.
+    - ``DDPStrategy._setup_model`` and ``_register_ddp_hooks``, overridden by
+      :class:`~ddp_engine.distributed.strategy.CommHookDDPStrategy` (:data:`PRIVATE_HOOKS`): the only
+      places to change how the model is wrapped and which communication hook is registered.
+    - The checkpoint's ``loops`` -> ``fit_loop`` -> ``state_dict`` -> ``combined_loader``
+      (:func:`saved_loader_states`): where Lightning saves the training loaders' state; its
+      checkpoint format documents the top-level keys only.
+
+torch
+    - ``DistributedDataParallel._get_ddp_logging_data()`` (:func:`ddp_logging_data`): the gradient
+      buckets, the registered communication hook and DDP's own timing of its iterations have no
+      public accessor; ``_set_ddp_runtime_logging_sample_rate`` (:func:`sample_ddp_runtime_every`):
+      how often DDP times an iteration has no public setting.
+    - ``Backend.Options._timeout`` (:func:`process_group_timeout`): a process group's timeout can be
+      set (``init_process_group(timeout=)``, ``set_timeout``) but not read. The backend itself comes
+      from ``torch.distributed.get_backend_impl`` (public in torch 2.14), on older versions from
+      ``ProcessGroup._get_backend``.
+    - ``torch.utils.tensorboard.SummaryWriter._get_file_writer()`` (:func:`tensorboard_file_writer`):
+      the writer's ``add_*`` methods build their own summaries, none takes a prebuilt one (TensorBoard's
+      HPARAMS summaries); the public ``file_writer`` attribute is None once the writer is closed.
+    - ``LRScheduler``'s tracking of ``optimizer.step`` (the ``_wrapped_by_lr_sched`` mark on the wrapped
+      ``step`` and the optimizer's ``_opt_called`` flag; :func:`retarget_lr_scheduler`): a scheduler
+      is bound to its optimizer when built, with no public way to move it onto another (the ZeRO-1
+      optimizer that replaces the configured one) without torch warning on its first step.
+    - ``ZeroRedundancyOptimizer._all_state_dicts`` (:func:`release_consolidated_state`): the
+      consolidated copy of every rank's state that ``consolidate_state_dict`` leaves on rank 0, with
+      no public way to free it once the checkpoint holding it is written.
+    - ``torch.distributed.elastic.rendezvous.dynamic_rendezvous.get_method_name`` (replaced,
+      :func:`name_rendezvous_events_by_frame`): the c10d rendezvous names each event it records by
+      its caller through ``inspect.stack()``, which maps every frame of the stack to its module and
+      scans ``sys.modules`` for each one it cannot map (``<frozen runpy>``, under ``python -m``);
+      no setting turns the records off.
+
+hydra-optuna-sweeper
+    - ``OptunaSweeper.sweeper`` and its ``storage``, ``study_name``, ``sampler``, ``launcher``,
+      ``job_idx`` and ``n_trials`` (:func:`optuna_search`): the plugin has no setting to start a
+      search at a job number other than 0, nor to ask fewer trials than ``n_trials`` (a continued search's).
+
+submitit (``hydra/launcher=slurm``)
+    - ``AutoExecutor._executor``, ``SlurmExecutor._submitit_command_str`` and
+      ``submitit.slurm.slurm._make_sbatch_string`` (:func:`submitit_sbatch_script`): the batch script
+      an executor submits is written only as it submits (``sbatch``, on a cluster).
+
+Hydra
+    - ``hydra._internal.hydra.Hydra.get_mode`` (replaced, :func:`tell_hydra_the_mode`): Hydra's
+      main composes the whole config once to read ``hydra.mode``, then again to run it
+      (Hydra issue #3440, open); no setting gives it the mode.
+
+Python
+    - ``atexit._run_exitfuncs()`` (:func:`run_exit_handlers`): a process that ``multiprocessing``
+      started (the workers, forked from the forkserver) ends with ``os._exit`` after its function
+      returns, so the ``atexit`` handlers that a normal exit runs do not run (W&B's, which finishes
+      its run and sends its last values); the module has no public call to run them.
+
+OmegaConf
+    - ``Node._metadata.ref_type`` (:func:`declared_type`): ``OmegaConf.get_type`` gives a value's
+      type, which a node set to null does not have; the type its schema declares has no public API.
+
+Replaced by public APIs: ``OmegaConf.is_interpolation(node, key)`` for ``node._get_node(key)._is_interpolation()``,
+``OmegaConf.to_container(node, resolve=False)`` for ``._value()``, ``node[key]`` for ``._get_node(key)``
+and ``._is_none()`` of a node that is no interpolation, MLflow's ``MlflowClient.tracking_uri`` for
+``MLFlowLogger._tracking_uri``; ``CSVLogger`` and ``LastCheckpoint`` keep what they read of Lightning's
+``_experiment`` and ``_train_time_interval`` themselves.
+
+Lightning and torch are imported inside the functions: the command line is checked before, with Hydra alone.
+"""
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.strategies import DDPStrategy
+    from omegaconf import DictConfig
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.writer import FileWriter
+
+#: The private methods of library classes that the template's subclasses override, by base class
+#: (import path): the subclass must define the method itself. The test checks each one is still
+#: there, with the signature of the override.
+PRIVATE_HOOKS: dict[str, tuple[str, ...]] = {
+    "lightning.pytorch.strategies.DDPStrategy": ("_setup_model", "_register_ddp_hooks"),
+}
+
+
+def epoch_batches_processed(trainer: "L.Trainer") -> int:
+    """The batches of the current training epoch whose training step has run on this rank, those
+    before a resume included (Lightning restores the count from the checkpoint); in
+    ``on_train_batch_end``, the batch that just trained is counted.
+
+    Lightning's ``trainer.fit_loop.epoch_loop.batch_progress.current.processed``.
+    """
+    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
+def epoch_batches_ready(trainer: "L.Trainer") -> int:
+    """The batches of the current training epoch fetched before the one being prepared: that
+    batch's index in the epoch, in ``on_after_batch_transfer`` (Lightning counts a batch once the
+    hook has returned).
+
+    Lightning's ``trainer.fit_loop.epoch_loop.batch_progress.current.ready``.
+    """
+    return trainer.fit_loop.epoch_loop.batch_progress.current.ready
+
+
+def logs_this_step(trainer: "L.Trainer") -> bool:
+    """Whether the values logged with ``on_step=True`` in this training step are written to the
+    loggers: every ``trainer.log_every_n_steps`` optimizer steps (all micro-batches of that step),
+    and at a stop; never with ``log_every_n_steps=0``.
+
+    Lightning's ``trainer._logger_connector.should_update_logs``, the rule its logger connector applies.
+    """
+    return trainer._logger_connector.should_update_logs
+
+
+def optuna_search(sweeper: Any) -> Any:
+    """The search inside hydra-optuna-sweeper's ``OptunaSweeper`` (its ``OptunaSweeperImpl``, the
+    ``sweeper`` attribute). Of it the template reads ``storage``, ``study_name``, ``sampler`` (the
+    sampler built) and ``launcher`` (set by ``setup``), and before ``sweep`` sets ``job_idx`` (the
+    number of the first job it launches; ``setup`` sets 0) and ``n_trials`` (how many trials it
+    asks): a continued search (:mod:`ddp_engine.launch.optuna_search`) numbers its jobs after the
+    study's trials and asks only the trials still to go."""
+    return sweeper.sweeper
+
+
+def _no_broadcast() -> None:
+    """Stands in for the SIGTERM-flag broadcast (:func:`skip_sigterm_broadcast`)."""
+
+
+def skip_sigterm_broadcast(trainer: "L.Trainer") -> bool:
+    """Stop ``trainer``'s training loop from broadcasting global rank 0's "received SIGTERM" flag
+    before every training step; returns whether the broadcast was found (and skipped).
+
+    For a run whose own handlers take SIGTERM instead of Lightning's (which alone sets the flag):
+    the broadcast then carries nothing and costs a collective per step. Replaces Lightning's
+    ``_TrainingEpochLoop._broadcast_sigterm_tensor`` on the loop instance, which the loop calls
+    through ``self`` at each step.
+    """
+    epoch_loop = trainer.fit_loop.epoch_loop
+    if not hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+        return False
+    epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+    return True
+
+
+def also_save_at_epoch_end(checkpoint: "ModelCheckpoint") -> None:
+    """Have ``checkpoint``, built with a trigger inside epochs (``every_n_train_steps`` or
+    ``train_time_interval``), also save at the end of every epoch.
+
+    ``ModelCheckpoint``'s constructor refuses two triggers and its ``every_n_epochs`` property has
+    no setter: this sets Lightning's ``ModelCheckpoint._every_n_epochs``, which its epoch-end hooks read.
+    """
+    checkpoint._every_n_epochs = 1
+
+
+def save_checkpoint_now(checkpoint: "ModelCheckpoint", trainer: "L.Trainer") -> None:
+    """Save ``checkpoint``'s file now, as its own triggers do: same file name and ``best_model_path``,
+    the previous file replaced, loggers notified. Call it on every rank together.
+
+    ``Trainer.save_checkpoint`` writes a file only, outside the callback's bookkeeping. Lightning's
+    ``ModelCheckpoint._save_topk_checkpoint(trainer, ModelCheckpoint._monitor_candidates(trainer))``.
+    """
+    checkpoint._save_topk_checkpoint(trainer, checkpoint._monitor_candidates(trainer))
+
+
+def ddp_kwargs(strategy: "DDPStrategy") -> dict[str, Any]:
+    """The keyword arguments ``strategy`` builds ``DistributedDataParallel`` with: the dict itself,
+    so that a change before the model is wrapped reaches DDP.
+
+    Lightning's ``DDPStrategy._ddp_kwargs`` (what its constructor did not take for itself).
+    """
+    return strategy._ddp_kwargs
+
+
+def saved_loader_states(checkpoint: dict) -> list | None:
+    """The training dataloaders' states that Lightning saved in ``checkpoint`` (a loaded
+    checkpoint dict), one per loader with a ``state_dict``; None where it holds none.
+
+    Lightning's checkpoint layout: ``checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]``.
+    """
+    return checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader")
+
+
+def ddp_logging_data(ddp: "DistributedDataParallel") -> dict[str, Any]:
+    """DDP's own record of its settings: constructor arguments, ``comm_hook`` (the registered
+    hook's name), ``bucket_sizes`` and, once DDP has rebuilt its buckets (``has_rebuilt_buckets``),
+    ``rebuilt_bucket_sizes`` (each a comma-separated string of bytes), ``has_sync_bn``; and its
+    runtime statistics of the latest iteration it sampled (:func:`sample_ddp_runtime_every`):
+    ``iteration`` (its number, from 1, counting the forward passes that synchronize gradients),
+    ``forward_compute_time`` (from the forward's start to the backward's), ``backward_compute_time``
+    (to the last gradient ready), ``backward_comm_time`` (from the first bucket's AllReduce to the
+    last one's end) and ``backward_compute_comm_overlap_time`` (the part of it before the last
+    gradient was ready), in nanoseconds: CUDA events on GPUs, the host clock on CPU.
+
+    torch's ``DistributedDataParallel._get_ddp_logging_data()``.
+    """
+    return ddp._get_ddp_logging_data()
+
+
+def sample_ddp_runtime_every(ddp: "DistributedDataParallel", iterations: int) -> None:
+    """Have DDP time (:func:`ddp_logging_data`) its first 10 iterations and then every
+    ``iterations``-th (torch's default: every 100th). The statistics of an iteration are recorded
+    at the start of the next one's forward.
+
+    torch's ``DistributedDataParallel._set_ddp_runtime_logging_sample_rate``.
+    """
+    ddp._set_ddp_runtime_logging_sample_rate(iterations)
+
+
+def process_group_timeout(device: "torch.device") -> timedelta:
+    """The timeout the default process group was built with, for its backend on ``device``.
+
+    torch's ``Backend.Options._timeout``; the backend from ``torch.distributed.get_backend_impl``,
+    or ``ProcessGroup._get_backend`` where torch has no such function (before 2.14).
+    """
+    import torch.distributed as dist
+
+    if hasattr(dist, "get_backend_impl"):
+        backend = dist.get_backend_impl(device=device)
+    else:
+        backend = dist.group.WORLD._get_backend(device)
+    return backend.options._timeout
+
+
+def tensorboard_file_writer(writer: "SummaryWriter") -> "FileWriter":
+    """The file writer of ``writer`` (its event file), opened again if ``writer`` was closed: its
+    ``add_summary`` writes a summary built elsewhere.
+
+    torch's ``SummaryWriter._get_file_writer()``.
+    """
+    return writer._get_file_writer()
+
+
+def declared_type(node: "DictConfig", key: str) -> type | Any | None:
+    """The type that ``node``'s schema declares for ``key`` (``Any`` for an untyped key), also
+    where its value is null; None when ``node`` has no such key.
+
+    OmegaConf's ``node._get_node(key)._metadata.ref_type``.
+    """
+    if key not in node:
+        return None
+    return node._get_node(key)._metadata.ref_type
+
+
+def submitit_sbatch_script(executor: Any, job_count: int) -> str:
+    """The batch script that submitit's SLURM ``executor`` (an ``AutoExecutor``) submits for a job
+    array of ``job_count`` jobs, without submitting it.
+
+    submitit's ``_make_sbatch_string``, with its SlurmExecutor's (``AutoExecutor._executor``) parameters
+    and command (``_submitit_command_str``), as ``SlurmExecutor._internal_process_submissions`` passes them.
+    """
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    slurm = executor._executor
+    parameters = {**slurm.parameters, "map_count": job_count}
+    return _make_sbatch_string(command=slurm._submitit_command_str, folder=slurm.folder, **parameters)
+
+
+def retarget_lr_scheduler(
+    scheduler: "torch.optim.lr_scheduler.LRScheduler", optimizer: "torch.optim.Optimizer"
+) -> None:
+    """Move ``scheduler`` onto ``optimizer``, which has the same parameter groups as the one it was
+    built for: it then sets the learning rate in ``optimizer``'s groups, and sees its steps.
+
+    torch's ``LRScheduler.__init__`` wraps its optimizer's ``step`` to mark that it was called (the
+    optimizer's ``_opt_called``, the wrapper's ``_wrapped_by_lr_sched``), and warns on its first
+    ``step()`` when the mark is missing. This wraps ``optimizer.step`` (on the instance) the same way.
+    """
+    import functools
+
+    scheduler.optimizer = optimizer
+    step = optimizer.step
+    if hasattr(step, "_wrapped_by_lr_sched"):
+        return
+
+    @functools.wraps(step)
+    def tracked_step(*args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True
+        return step(*args, **kwargs)
+
+    tracked_step._wrapped_by_lr_sched = True
+    optimizer.step = tracked_step
+
+
+def release_consolidated_state(optimizer: "ZeroRedundancyOptimizer") -> None:
+    """Free the copy of every rank's optimizer state that ``consolidate_state_dict`` gathered on
+    this rank (the target rank only holds one), once the checkpoint made of it is written; the next
+    checkpoint consolidates afresh.
+
+    torch's ``ZeroRedundancyOptimizer._all_state_dicts`` (a list, empty on the other ranks).
+    """
+    optimizer._all_state_dicts = []
+
+
+def run_exit_handlers() -> None:
+    """Run this process's ``atexit`` handlers now, as the interpreter does at a normal exit (each
+    once: the list is then empty). For a worker forked by ``multiprocessing``, which ends with
+    ``os._exit``."""
+    import atexit
+
+    atexit._run_exitfuncs()
+
+
+def name_rendezvous_events_by_frame() -> None:
+    """Make torch's c10d rendezvous (``rdzv_backend="c10d"``, the supervisor's) name the events it
+    records (``DynamicRendezvousHandler.next_rendezvous``, ...) from the caller's frame, the same
+    name, instead of through ``inspect.stack()``.
+
+    Why: ``inspect.stack()`` reads every frame's source and maps each to its module, scanning all
+    of ``sys.modules`` for a frame it cannot map; in the supervisor, which has imported Lightning
+    (about 4,000 modules), the records of one rendezvous took 0.3 to 0.6 s before the workers
+    started, on a 2-core machine (torch 2.14.1). The same change made elsewhere in torch:
+    pytorch/pytorch#105940, #114700 (``sys._getframe`` for ``inspect.stack()``).
+
+    Replaces torch's module-level ``dynamic_rendezvous.get_method_name(depth=2)``, which
+    ``_record`` calls: the name of the function ``depth`` frames above it.
+    """
+    import sys
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    def get_method_name(depth: int = 2) -> str:
+        frame = sys._getframe(depth)  # depth counts from this function, as inspect.stack()[depth]
+        return frame.f_code.co_name
+
+    dynamic_rendezvous.get_method_name = get_method_name
+
+
+def tell_hydra_the_mode(mode: Any) -> None:
+    """Make Hydra's main take ``mode`` as the command's ``hydra.mode`` (``RunMode.RUN``,
+    ``RunMode.MULTIRUN``, or None when the config leaves it unset: then ``-m`` decides, as in
+    Hydra) instead of composing the config to read it.
+
+    Why: before it composes the config to run it, Hydra's main composes it once more only to read
+    ``hydra.mode`` (``Hydra.get_mode``, hydra 1.3; Hydra issue #3440); the command has
+    composed every job of its command line to check it (:mod:`ddp_engine.config.compose`), and
+    knows the value: 0.25 to 0.3 s less before the workers start, on a 2-core machine.
+    """
+    from hydra._internal.hydra import Hydra
+
+    def get_mode(self: Any, config_name: str | None, overrides: list[str]) -> Any:
+        return mode
+
+    Hydra.get_mode = get_mode

@@ -1,0 +1,70 @@
+"""What a failed job's processes tell: which failure caused the others, and one line for each.
+
+torch's elastic agent (the template's supervisor, and torchrun) reports a failed job as
+``{global rank: ProcessFailure}``; the functions here read it.
+"""
+
+import re
+import signal
+
+#: How a collective or the process group's store reports its timeout (gloo: ``Timed out waiting
+#: 1800000ms for recv operation``; the TCP store: ``wait timeout after 1800000ms``).
+TIMEOUT_PATTERN = re.compile(r"timed out|timeout after|watchdog caught collective operation timeout", re.IGNORECASE)
+#: How a process's collective fails when another process of the job died: a consequence, not the cause.
+PEER_LOST_PATTERN = re.compile(
+    r"connection closed by peer|connection reset by peer|broken pipe|remote worker crashing|communicator was aborted",
+    re.IGNORECASE,
+)
+
+
+def root_failure(failures: dict) -> tuple[int, object]:
+    """The failure that caused the others, from torch's ``{global rank: ProcessFailure}``.
+
+    When one process fails, the others fail a moment later as a consequence: their collectives
+    lose the connection to it, or the agent's SIGTERM reaches them while they are already ending,
+    often within the same second (torch's failure timestamps have 1 s resolution, so its own
+    ``get_first_failure`` may name a consequence). So the kinds rank first: an exception of the
+    process's own, then death by another signal (SIGKILL: the OOM killer; SIGSEGV), then a stop
+    by SIGINT / SIGTERM that the process handled (exit status 128 + the signal), then a death by
+    one it did not (the agent's own SIGTERM to the processes left, which a process that was
+    already ending no longer handles), then a lost connection; within a kind, the earliest, then
+    the lowest rank. (The agent's SIGTERM and the stop it follows can bear the same second, or the
+    consequence the earlier one: its exception's record is written before the agent notices.)
+    """
+
+    def kind(failure: object) -> int:
+        description = describe_failure(failure)
+        if PEER_LOST_PATTERN.search(description):
+            return 4
+        if re.match(r"killed by SIG(INT|TERM|HUP)\b", description):
+            return 3
+        if re.match(r"stopped by SIG(INT|TERM|HUP)\b", description):
+            return 2
+        return 1 if description.startswith("killed by") else 0
+
+    rank = min(failures, key=lambda rank: (kind(failures[rank]), failures[rank].timestamp, rank))
+    return rank, failures[rank]
+
+
+def describe_failure(failure) -> str:
+    """One line for a worker's ``ProcessFailure``: the exception's type and message (its first
+    line) as the worker recorded it, or the signal that ended it (``killed by SIGKILL (exit status -9)``,
+    ``stopped by SIGTERM (exit status 143)``).
+
+    A recorded exception comes first, whatever the exit status: a worker that recorded its exception
+    (torch's ``@record``) can still die by a signal on its way out (gloo's threads abort the process
+    at interpreter exit after a failed collective: SIGABRT), and the exception is the cause."""
+    message = failure.message
+    if isinstance(message, dict):  # torch's ErrorHandler format: {"message": "...", "extraInfo": {...}}
+        message = message.get("message", "")
+    # "<type>: <message>" as recorded by the worker; its first line (omegaconf adds key details below).
+    lines = [line for line in str(message).strip().splitlines() if line.strip()]
+    if failure.error_file_data.get("message") != "<NONE>" and lines:  # torch read the worker's record
+        return lines[0].strip()
+    if failure.exitcode < 0:
+        return f"killed by {failure.signal_name()} (exit status {failure.exitcode})"
+    if failure.exitcode - 128 in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a stop: ddp_engine.callbacks.signals
+        return f"stopped by {signal.Signals(failure.exitcode - 128).name} (exit status {failure.exitcode})"
+    if not lines or "pytorch.org/docs/stable/elastic/errors" in lines[0]:
+        return f"exited with status {failure.exitcode}"
+    return lines[0].strip()

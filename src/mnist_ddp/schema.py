@@ -1,0 +1,131 @@
+"""The task's config schemas: its data sets' (``conf/data/idx.yaml``, ``folder.yaml``) and those of
+its commands ``predict`` and ``export`` (``conf/predict.yaml``, ``conf/export.yaml``), beside the
+engine's (:mod:`ddp_engine.config.schema`). :data:`mnist_ddp.project.PROJECT` hands them to the
+engine, which stores them in Hydra's ConfigStore before it composes a config.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from ddp_engine.config.schema import JobConfig, ModelConfig, PathsConfig, TaskConfig
+
+
+@dataclass
+class IDXFilesConfig:
+    """``data.files``: the four IDX file names of a data set in MNIST's file format."""
+
+    train_images: str = MISSING
+    train_labels: str = MISSING
+    test_images: str = MISSING
+    test_labels: str = MISSING
+
+
+@dataclass
+class DataConfig:
+    """The ``data`` keys every DataModule of the template takes: the arguments of
+    :class:`mnist_ddp.data.base.ClassificationDataModule` (``conf/data/base.yaml``).
+
+    Each data set's schema adds its own keys (:class:`IDXDataConfig`, :class:`FolderDataConfig`;
+    its YAML names it in its defaults list, ``idx_schema`` / ``folder_schema``). A data set of your
+    own needs no schema: its keys are checked against its class's signature
+    (:func:`ddp_engine.config.compose.unknown_keys`).
+    """
+
+    _target_: str = MISSING
+    global_batch_size: int = MISSING
+    num_workers: int = MISSING
+    shuffle_seed: int = MISSING
+    crop_padding: int = MISSING
+    horizontal_flip: bool = MISSING
+    prepare_data_per_node: bool = MISSING
+    on_device: bool = MISSING
+
+
+@dataclass
+class IDXDataConfig(DataConfig):
+    """``data=mnist``, ``data=fashion_mnist`` (``conf/data/idx.yaml``): arguments of
+    :class:`mnist_ddp.data.datamodule.MNISTDataModule`."""
+
+    data_dir: str = MISSING
+    val_size: int = MISSING
+    split_seed: int = MISSING
+    subdir: str = MISSING
+    files: IDXFilesConfig = MISSING
+    download: str | None = MISSING
+    class_names: list[str] = MISSING
+    image_size: list[int] = MISSING
+    mean: float = MISSING
+    std: float = MISSING
+
+
+@dataclass
+class FolderDataConfig(DataConfig):
+    """``data=folder`` (``conf/data/folder.yaml``): arguments of
+    :class:`mnist_ddp.data.folder.ImageFolderDataModule`."""
+
+    root: str = MISSING
+    val_size: float = MISSING
+    split_seed: int = MISSING
+    image_size: list[int] | None = MISSING
+    channels: int | None = MISSING
+    #: One value for every channel, a list of one per channel, or null (computed).
+    mean: Any = MISSING
+    std: Any = MISSING
+    in_memory_limit_mib: int = MISSING
+    cache_dir: str | None = MISSING
+
+
+#: The class each data set schema describes: a ``data`` node typed by one of them builds that class.
+DATA_SCHEMA_TARGETS = {
+    IDXDataConfig: "mnist_ddp.data.datamodule.MNISTDataModule",
+    FolderDataConfig: "mnist_ddp.data.folder.ImageFolderDataModule",
+}
+
+
+@dataclass
+class PredictConfig(JobConfig):
+    """The composed config of ``python -m <project>.predict`` (``conf/predict.yaml``).
+
+    ``ckpt_path`` and ``input`` are required: the checkpoint, and a folder of PNG or JPEG images,
+    one such image, or an IDX images file (``.gz`` too) (:mod:`mnist_ddp.data.inputs`); ``resize``
+    converts inputs of another shape instead of refusing them. As for eval, the model comes from
+    the checkpoint's run (``model`` only when the run left no config), the image shape,
+    normalization and class names from the checkpoint. The data set's files are not read.
+    """
+
+    ckpt_path: str = MISSING
+    input: str = MISSING
+    resize: bool = MISSING
+
+
+@dataclass
+class ExportConfig:
+    """The composed config of ``python -m <project>.export`` (``conf/export.yaml``): one process, no
+    Trainer, so no ``trainer``, ``strategy``, ``logger``, ``callbacks`` or ``launcher``.
+
+    ``data`` is the data set of the checkpoint's run (as for eval): its normalization goes into the
+    exported model, and its test images check the file. ``model`` is used only when the run left no
+    config; ``seed`` only feeds ``data.shuffle_seed``. ``ckpt_path`` is required; ``format`` is one
+    the task's export writes (its ``check_paths`` refuses another); ``output`` is the file to write,
+    or None for one beside the checkpoint.
+    """
+
+    task: TaskConfig = MISSING
+    data: Any = MISSING
+    model: ModelConfig = MISSING
+    paths: PathsConfig = MISSING
+    seed: int = MISSING
+    ckpt_path: str = MISSING
+    format: str = MISSING
+    output: str | None = MISSING
+
+
+def register_schemas(store: ConfigStore) -> None:
+    """Store the task's schemas in ``store``, under the names its YAML's defaults lists give them."""
+    store.store(name="predict_schema", node=PredictConfig)
+    store.store(name="export_schema", node=ExportConfig)
+    store.store(group="data", name="idx_schema", node=IDXDataConfig)
+    store.store(group="data", name="folder_schema", node=FolderDataConfig)
