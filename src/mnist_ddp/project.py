@@ -8,6 +8,7 @@ the engine; so do the tests that compose a config in their own process (``tests/
 from pathlib import Path
 
 from ddp_engine.project import Project
+
 from mnist_ddp.schema import DATA_SCHEMA_TARGETS, register_schemas
 
 #: ``conf/``, where the entry points read their configs. An installed wheel (``pip install .``) has it

@@ -7,10 +7,9 @@ engine, which stores them in Hydra's ConfigStore before it composes a config.
 from dataclasses import dataclass
 from typing import Any
 
+from ddp_engine.config.schema import JobConfig, ModelConfig, PathsConfig, TaskConfig
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
-
-from ddp_engine.config.schema import JobConfig, ModelConfig, PathsConfig, TaskConfig
 
 
 @dataclass

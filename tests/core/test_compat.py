@@ -9,6 +9,8 @@ uses a private attribute of a library (the scan of ``src/``).
 import ast
 import importlib
 import inspect
+import json
+import logging
 import os
 import pkgutil
 import re
@@ -28,11 +30,16 @@ import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
+from ddp_engine.callbacks.ddp_report import DDPSettingsReport
+from ddp_engine.callbacks.memory import MemoryFootprint
+from ddp_engine.callbacks.step_anatomy import StepAnatomy
 from ddp_engine.core import compat
 from ddp_engine.distributed.checkpoint_io import at_optimizer_step_boundary
+from ddp_engine.distributed.footprint import ddp_bucket_bytes
 from ddp_engine.distributed.strategy import CommHookDDPStrategy
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
@@ -364,6 +371,66 @@ def test_ddp_times_the_iterations_compat_samples_and_records_them_at_the_next_fo
     assert data["backward_compute_comm_overlap_time"] <= data["backward_comm_time"], changed(private, "overlap > comm")
 
 
+def test_without_ddps_logging_data_a_fit_completes_and_its_reports_say_what_is_missing(
+    process_group, tmp_path, monkeypatch, caplog
+):
+    # As a torch release may do: DDP's private sampling setter is gone and its logging record holds
+    # none of what it held (gone altogether, Lightning's own teardown would fail: it reads the record
+    # too; see the test below for that case alone). The template's DDP report, step anatomy and
+    # memory callbacks use both on the default path; the fit completes, ddp.json says null where the
+    # figures came from them, the buckets' bytes are counted from the parameters instead, and the
+    # log says once what was lost.
+    monkeypatch.delattr(DistributedDataParallel, "_set_ddp_runtime_logging_sample_rate")
+    monkeypatch.setattr(DistributedDataParallel, "_get_ddp_logging_data", lambda self: {})
+    monkeypatch.setattr(compat, "_LOST", set())
+    monkeypatch.setattr(logging.getLogger(compat.__name__), "disabled", False)  # other tests' logging configs
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    report = tmp_path / "ddp.json"
+    callbacks = [
+        DDPSettingsReport(str(report)),
+        StepAnatomy(str(report), log_every_n_steps=2),
+        MemoryFootprint(str(report)),
+    ]
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, strategy=CommHookDDPStrategy(comm_hook="fp16"), max_steps=6, log_every_n_steps=2,
+        callbacks=callbacks, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, use_distributed_sampler=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    module = Tiny()
+    environ = dict(os.environ)  # Lightning's launcher exports the rendezvous variables into this process
+    try:
+        with caplog.at_level(logging.WARNING, logger=compat.__name__):
+            trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=4))
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+    assert trainer.global_step == 6 and trainer.state.finished
+    saved = json.loads(report.read_text())
+    assert saved["backend"] == "gloo" and saved["world_size"] == 1 and saved["sync_batchnorm"] is False
+    assert saved["comm_hook"] is None and saved["bucket_sizes_bytes"] is None
+    assert saved["allreduce_bytes_per_step"] is None and saved["allreduce_sent_bytes_per_rank"] is None
+    parameter_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    assert saved["memory"]["first_step"]["ranks"][0]["ddp_buckets"] == parameter_bytes
+    assert "step_anatomy_ms" not in saved  # no DDP timings: no window, and no made-up figure
+    lost = [record.getMessage() for record in caplog.records if "missing or changed" in record.getMessage()]
+    assert sorted(message.split(" is missing")[0] for message in lost) == [
+        "DistributedDataParallel._get_ddp_logging_data",
+        "DistributedDataParallel._set_ddp_runtime_logging_sample_rate",
+    ], lost  # each once
+
+
+def test_without_the_logging_record_method_compat_gives_an_empty_record_and_says_so(process_group, monkeypatch, caplog):
+    monkeypatch.delattr(DistributedDataParallel, "_get_ddp_logging_data")
+    monkeypatch.setattr(compat, "_LOST", set())
+    monkeypatch.setattr(logging.getLogger(compat.__name__), "disabled", False)
+    ddp = DistributedDataParallel(nn.Linear(4, 2))
+    with caplog.at_level(logging.WARNING, logger=compat.__name__):
+        assert compat.ddp_logging_data(ddp) == {} and compat.ddp_logging_data(ddp) == {}
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 1 and messages[0].startswith("DistributedDataParallel._get_ddp_logging_data is missing")
+    assert ddp_bucket_bytes(ddp) == (4 * 2 + 2) * 4  # counted from the parameters instead: weight and bias, fp32
+
+
 def test_the_process_group_timeout_is_read_back(process_group):
     assert compat.process_group_timeout(torch.device("cpu")) == TIMEOUT, changed(
         "Backend.Options._timeout", "not the timeout the process group was built with"
@@ -477,7 +544,9 @@ def test_the_declared_type_of_a_null_node_is_its_schemas():
 
 # --- the fence ------------------------------------------------------------------------------------
 
-PACKAGE = Path(mnist_ddp.__file__).parent
+#: The engine's package and the project's: compat is the engine's, and neither uses a private API elsewhere.
+PACKAGES = (Path(ddp_engine.__file__).parent, Path(mnist_ddp.__file__).parent)
+COMPAT = Path(compat.__file__)
 #: Private names that are not a library's private API: os's, and Hydra's documented ``_target_`` key.
 ALLOWED = {("os", "_exit"), ("os", "_Environ"), (None, "_target_")}
 #: Attributes of Lightning's private loop classes, reached through public-looking names.
@@ -520,12 +589,14 @@ def private_uses(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_no_module_outside_compat_uses_a_private_api():
     found = [
-        f"{path.relative_to(PACKAGE.parent)}:{line}: {what}"
-        for path in sorted(PACKAGE.rglob("*.py"))
-        if path != PACKAGE / "core" / "compat.py"
+        f"{path.relative_to(package.parent)}:{line}: {what}"
+        for package in PACKAGES
+        for path in sorted(package.rglob("*.py"))
+        if path != COMPAT
         for line, what in private_uses(ast.parse(path.read_text()))
     ]
-    assert not found, "private APIs used outside mnist_ddp/core/compat.py (add a function there):\n" + "\n".join(found)
+    assert len(PACKAGES) == 2 and COMPAT.is_file()
+    assert not found, "private APIs used outside ddp_engine/core/compat.py (add a function there):\n" + "\n".join(found)
 
 
 def test_the_scan_finds_a_private_use():
@@ -549,7 +620,7 @@ def library_names(base: type) -> set[str]:
 
 def library(cls: type) -> bool:
     root = cls.__module__.partition(".")[0]
-    return root not in ("mnist_ddp", "builtins") and root not in sys.stdlib_module_names
+    return root not in ("ddp_engine", "mnist_ddp", "builtins") and root not in sys.stdlib_module_names
 
 
 def test_subclasses_of_library_classes_touch_no_private_name_of_theirs():

@@ -13,9 +13,11 @@ import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn import SyncBatchNorm
 
 from ddp_engine.core.compat import ddp_logging_data, process_group_timeout
 from ddp_engine.core.files import write_json
+from ddp_engine.distributed.footprint import bucket_sizes
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,9 @@ class DDPSettingsReport(L.Callback):
     rank of its approximation) and ``allreduce_sent_bytes_per_rank`` (what a ring AllReduce, NCCL's
     and gloo's algorithm for large buffers, sends from each rank for it: 2 (W - 1) / W times that,
     W the world size; Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
-    workstations", 2009).
+    workstations", 2009). Where torch keeps no record of its buckets and hook
+    (:func:`~ddp_engine.core.compat.ddp_logging_data`, said once), ``comm_hook``,
+    ``bucket_sizes_bytes`` and the two AllReduce figures are null.
 
     Args:
         path: the JSON file to write (the default config puts it in the run directory as ``ddp.json``).
@@ -64,28 +68,28 @@ class DDPSettingsReport(L.Callback):
 
     def _write(self, trainer: L.Trainer) -> dict:
         ddp = trainer.strategy.model  # the DistributedDataParallel wrapper while fitting
-        data = ddp_logging_data(ddp)
-        buckets = data["rebuilt_bucket_sizes"] if data.get("has_rebuilt_buckets") else data["bucket_sizes"]
+        data = ddp_logging_data(ddp)  # empty where torch keeps no such record: the figures are then None
+        buckets = bucket_sizes(data)
         timeout = process_group_timeout(trainer.strategy.root_device)
         settings = {
             "backend": dist.get_backend(),
             "world_size": dist.get_world_size(),
             "timeout_s": timeout.total_seconds(),
             "master_port": int(os.environ["MASTER_PORT"]),
-            "comm_hook": data.get("comm_hook") or "none",
+            "comm_hook": (data.get("comm_hook") or "none") if data else None,
             "find_unused_parameters": ddp.find_unused_parameters,
             "static_graph": ddp.static_graph,
             "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
             "broadcast_buffers": ddp.broadcast_buffers,
             "bucket_cap_mb": ddp.bucket_bytes_cap / 2**20,
-            "bucket_sizes_bytes": [int(size) for size in str(buckets).split(",")],
-            "sync_batchnorm": bool(data.get("has_sync_bn")),
+            "bucket_sizes_bytes": buckets,
+            "sync_batchnorm": any(isinstance(module, SyncBatchNorm) for module in ddp.module.modules()),
             # The optimizers the strategy really steps (it rebuilds them sharded in setup_optimizers).
             "optimizer_sharding": any(
                 isinstance(optimizer, ZeroRedundancyOptimizer) for optimizer in trainer.optimizers
             ),
         }
-        payload = allreduce_bytes(settings["bucket_sizes_bytes"], settings["comm_hook"])
+        payload = None if buckets is None else allreduce_bytes(buckets, settings["comm_hook"])
         settings["allreduce_bytes_per_step"] = payload
         ring = 2 * (settings["world_size"] - 1) / settings["world_size"]
         settings["allreduce_sent_bytes_per_rank"] = None if payload is None else round(ring * payload)

@@ -89,6 +89,7 @@ and ``._is_none()`` of a node that is no interpolation, MLflow's ``MlflowClient.
 Lightning and torch are imported inside the functions: the command line is checked before, with Hydra alone.
 """
 
+import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +110,18 @@ if TYPE_CHECKING:
 PRIVATE_HOOKS: dict[str, tuple[str, ...]] = {
     "lightning.pytorch.strategies.DDPStrategy": ("_setup_model", "_register_ddp_hooks"),
 }
+
+log = logging.getLogger(__name__)
+#: The private APIs found missing or changed in this process, each reported once (:func:`_lost`).
+_LOST: set[str] = set()
+
+
+def _lost(private: str, loss: str) -> None:
+    """Say once per process that ``private`` is missing or changed in the installed library, and
+    what the run does without it (``loss``): the run goes on."""
+    if private not in _LOST:
+        _LOST.add(private)
+        log.warning(f"{private} is missing or changed in the installed version: {loss}")
 
 
 def epoch_batches_processed(trainer: "L.Trainer") -> int:
@@ -220,9 +233,22 @@ def ddp_logging_data(ddp: "DistributedDataParallel") -> dict[str, Any]:
     last one's end) and ``backward_compute_comm_overlap_time`` (the part of it before the last
     gradient was ready), in nanoseconds: CUDA events on GPUs, the host clock on CPU.
 
-    torch's ``DistributedDataParallel._get_ddp_logging_data()``.
+    torch's ``DistributedDataParallel._get_ddp_logging_data()``; an empty dict, said once, where
+    torch has no such method or it fails: ``ddp.json`` then lacks the registered hook's name (the
+    buckets' bytes are counted from the parameters: :func:`ddp_bucket_bytes`), and the step anatomy
+    lacks DDP's timings.
     """
-    return ddp._get_ddp_logging_data()
+    try:
+        data = dict(ddp._get_ddp_logging_data())
+    except (AttributeError, RuntimeError, TypeError):
+        data = {}
+    if "bucket_sizes" not in data:  # gone, or no longer the record described above
+        _lost(
+            "DistributedDataParallel._get_ddp_logging_data",
+            "ddp.json names no communication hook nor bucket sizes, and the step anatomy has no DDP timings.",
+        )
+        return {}
+    return data
 
 
 def sample_ddp_runtime_every(ddp: "DistributedDataParallel", iterations: int) -> None:
@@ -230,9 +256,16 @@ def sample_ddp_runtime_every(ddp: "DistributedDataParallel", iterations: int) ->
     ``iterations``-th (torch's default: every 100th). The statistics of an iteration are recorded
     at the start of the next one's forward.
 
-    torch's ``DistributedDataParallel._set_ddp_runtime_logging_sample_rate``.
+    torch's ``DistributedDataParallel._set_ddp_runtime_logging_sample_rate``; where torch has no
+    such method (or it fails), DDP keeps its default sampling, said once.
     """
-    ddp._set_ddp_runtime_logging_sample_rate(iterations)
+    try:
+        ddp._set_ddp_runtime_logging_sample_rate(iterations)
+    except (AttributeError, RuntimeError, TypeError):
+        _lost(
+            "DistributedDataParallel._set_ddp_runtime_logging_sample_rate",
+            "DDP times its iterations at its own default rate (the step anatomy has fewer windows).",
+        )
 
 
 def process_group_timeout(device: "torch.device") -> timedelta:

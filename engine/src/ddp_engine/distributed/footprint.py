@@ -93,10 +93,20 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
 
 def ddp_bucket_bytes(ddp: DistributedDataParallel) -> int:
     """The bytes of ``ddp``'s gradient buckets, as DDP records them (after its rebuild at the second
-    step, the rebuilt ones; the total is the same: every parameter that gets a gradient, once)."""
-    data = ddp_logging_data(ddp)
-    sizes = data["rebuilt_bucket_sizes"] if data.get("has_rebuilt_buckets") else data["bucket_sizes"]
-    return sum(int(size) for size in str(sizes).split(",") if size)
+    step, the rebuilt ones; the total is the same: every parameter that gets a gradient, once), or,
+    where torch keeps no such record (:func:`~ddp_engine.core.compat.ddp_logging_data`), counted
+    from those parameters."""
+    sizes = bucket_sizes(ddp_logging_data(ddp))
+    if sizes is None:
+        return sum(p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad)
+    return sum(sizes)
+
+
+def bucket_sizes(data: dict) -> list[int] | None:
+    """The bytes of each gradient bucket in DDP's logging ``data``: the rebuilt buckets once DDP has
+    rebuilt them, else the first ones; None where ``data`` holds neither."""
+    sizes = data.get("rebuilt_bucket_sizes") if data.get("has_rebuilt_buckets") else data.get("bucket_sizes")
+    return None if sizes is None else [int(size) for size in str(sizes).split(",") if size]
 
 
 def tensor_footprint(
