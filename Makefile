@@ -15,15 +15,19 @@
 
 PYTHON ?= python3.11
 VENV := .venv
-# Marker file: the venv is rebuilt when either pyproject.toml changes.
+# Marker file: the venv is rebuilt when either pyproject.toml or the constraints change.
 INSTALLED := $(VENV)/.installed
+# The versions the whole suite passed on (constraints.txt), installed by default; `CONSTRAINTS=` (empty)
+# takes the newest releases the pyproject.toml ranges allow instead: make clean && make test CONSTRAINTS=
+CONSTRAINTS ?= constraints.txt
 
 .PHONY: train test test-fast test-task benchmark benchmark-scaling gpu-check rename clean
 
 # The engine (engine/, its own distribution) and this project, both editable: an edit takes effect at once.
-$(INSTALLED): pyproject.toml engine/pyproject.toml
+$(INSTALLED): pyproject.toml engine/pyproject.toml $(CONSTRAINTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --editable ./engine --editable '.[dev]'
+	$(VENV)/bin/python -m pip install --quiet $(if $(CONSTRAINTS),--constraint $(CONSTRAINTS)) \
+		--editable ./engine --editable '.[dev]'
 	touch $@
 
 train: $(INSTALLED)
