@@ -2,8 +2,11 @@
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from ddp_engine.callbacks import rank_metrics, throughput
+from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.data.sharded import count_samples
 
 
 def test_throughput_windows_straggler_arithmetic_and_peak_gpu_memory(monkeypatch):
@@ -59,3 +62,26 @@ def test_an_epoch_resumed_in_its_middle_is_timed_from_the_resume(monkeypatch):
     now[0] = 1003.5
     monitor.on_train_epoch_end(trainer, module)
     assert logged == [{"time/epoch_s": 3.5}]
+
+
+def test_a_batch_is_counted_by_its_first_tensors_rows_or_by_the_datamodules_hook():
+    # The default count: the first tensor's rows, inside tuples, lists and mappings.
+    rows = torch.zeros(5, 3)
+    assert [count_samples(batch) for batch in (rows, (rows, rows[:, 0]), [{"x": rows}, 1], {"a": (rows,)})] == [5] * 4
+    trainer = SimpleNamespace(datamodule=None, global_step=0, log_every_n_steps=50, num_training_batches=9)
+    monitor = throughput.DistributedThroughputMonitor()
+    monitor.on_train_batch_end(trainer, None, None, {"inputs": rows, "mask": rows}, 0)
+    assert monitor._window_samples == 5
+    # A DataModule's own count wins: a batch of 2 sequences of 7 tokens flattened to (14, ...).
+    trainer.datamodule = SimpleNamespace(batch_samples=lambda batch: 2)
+    monitor.on_train_batch_end(trainer, None, None, torch.zeros(14, 4), 1)
+    assert monitor._window_samples == 7
+    # A batch it cannot count is refused in one line that names the hook to provide.
+    trainer.datamodule = None
+    with pytest.raises(ConfigValueError) as refused:
+        monitor.on_train_batch_end(trainer, None, None, ("text", 3), 2)
+    assert str(refused.value) == (
+        "The throughput monitor cannot count the samples of a training batch (no tensor with a first dimension "
+        "to count samples by in a tuple batch): give the DataModule a method batch_samples(batch) -> int "
+        "(ShardedDataModule's counts the first tensor's rows)."
+    )

@@ -6,6 +6,8 @@ import lightning as L
 import torch
 
 from ddp_engine.callbacks.rank_metrics import clock, gather_rows, log_on_rank_zero
+from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.data.sharded import count_samples
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,13 @@ class DistributedThroughputMonitor(L.Callback):
 
     Rank 0 also logs ``Epoch <n> done in <seconds> s`` into the job's log file after each epoch.
 
-    Batches are ``(images, labels)`` pairs; a batch's sample count is ``len(images)``.
+    A batch's samples are counted by the DataModule's ``batch_samples(batch)``
+    (:meth:`ddp_engine.data.sharded.ShardedDataModule.batch_samples`: the rows of its first tensor),
+    or, without one, as that default does.
+
+    Raises:
+        ConfigValueError: at the first training batch, when its samples cannot be counted, naming
+            the hook to give the DataModule.
 
     Args:
         log_every_n_steps: optimizer steps per throughput window (default None: the Trainer's
@@ -57,7 +65,7 @@ class DistributedThroughputMonitor(L.Callback):
         self._epoch_start = self._start_window(trainer, pl_module)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        self._window_samples += len(batch[0])
+        self._window_samples += _samples(trainer, batch)
         every = self.log_every_n_steps or trainer.log_every_n_steps
         step = trainer.global_step
         window_full = step > self._window_start_step and step % every == 0
@@ -97,3 +105,16 @@ class DistributedThroughputMonitor(L.Callback):
 
 def _on_gpu(pl_module: L.LightningModule) -> bool:
     return pl_module.device.type == "cuda"
+
+
+def _samples(trainer: L.Trainer, batch: object) -> int:
+    """The samples in ``batch``, counted by the DataModule's ``batch_samples`` or :func:`count_samples`."""
+    datamodule = getattr(trainer, "datamodule", None)
+    count = getattr(datamodule, "batch_samples", None) or count_samples
+    try:
+        return int(count(batch))
+    except (TypeError, IndexError, KeyError) as error:
+        raise ConfigValueError(
+            f"The throughput monitor cannot count the samples of a training batch ({error}): give the "
+            f"DataModule a method batch_samples(batch) -> int (ShardedDataModule's counts the first tensor's rows)."
+        ) from None

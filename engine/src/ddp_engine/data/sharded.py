@@ -198,6 +198,16 @@ class ShardedDataModule(L.LightningDataModule):
             ConfigValueError: in a subclass, naming the checkpoint and what differs.
         """
 
+    def batch_samples(self, batch: Any) -> int:
+        """The samples in one training ``batch`` (what throughput counts): by default the rows of its
+        first tensor (:func:`count_samples`); override it for a batch whose first tensor is not one
+        row per sample.
+
+        Raises:
+            TypeError: by default, for a batch that holds no tensor with a first dimension.
+        """
+        return count_samples(batch)
+
     def summary(self) -> str | None:
         """One line about the data for the job's log (``Data set: <summary>``, from global rank 0
         when training starts), or None (default) for none."""
@@ -298,3 +308,18 @@ class ShardedDataModule(L.LightningDataModule):
     @override
     def load_state_dict(self, state_dict: dict) -> None:
         self._train_position = state_dict.get("train_position")
+
+
+def count_samples(batch: Any) -> int:
+    """The rows of the first tensor in ``batch`` (a tensor, or tuples, lists and mappings of them:
+    ``(inputs (B, ...), targets (B,))`` gives B), the samples of a batch that holds one row per sample.
+
+    Raises:
+        TypeError: when ``batch`` holds no tensor with at least one dimension first.
+    """
+    first = batch
+    while isinstance(first, (tuple, list, dict)) and first:
+        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+    if isinstance(first, Tensor) and first.dim() > 0:
+        return first.shape[0]
+    raise TypeError(f"no tensor with a first dimension to count samples by in a {type(batch).__name__} batch")
