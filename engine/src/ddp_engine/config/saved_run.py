@@ -62,8 +62,9 @@ def saved_run_config(checkpoint: Path) -> DictConfig | None:
 def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: str, log_them: bool = False) -> None:
     """Set ``cfg.model`` and ``cfg.data`` to the model and data set of the run that wrote the
     checkpoint ``cfg.ckpt_path`` (:func:`data_set_of_run`, against the job's ``overrides``), in place;
-    ``cfg.task`` to the run's task too (its metrics, its callbacks), unless ``overrides`` choose
-    the task or set a ``task.`` key (the command's own task then, whole).
+    ``cfg.task`` to the run's task too (its metrics, its callbacks), with this command's ``task.``
+    overrides applied to it (:func:`task_of_run`), unless ``overrides`` choose a task
+    (``task=<option>``: that one, whole).
 
     The one place a run's saved settings are applied: the pre-launch check applies them to the job
     it checks, the entry point to the job Hydra composed, before any worker starts; the workers
@@ -91,9 +92,9 @@ def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: s
     if run is not None:
         # Typed as the schema types this command's model (a plain node is refused there).
         cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), run.model)
-        own_task = any(override.lstrip("+~").split("=", 1)[0].split(".")[0] == "task" for override in overrides)
-        if "task" in run and "task" in cfg and not own_task:
-            cfg.task = OmegaConf.merge(OmegaConf.structured(TaskConfig), run.task)
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        if "task" in run and "task" in cfg and not any(override.key_or_group == "task" for override in parsed):
+            cfg.task = task_of_run(cfg.task, run.task, overrides)
     if not log_them:
         return
     if run is not None:
@@ -106,6 +107,28 @@ def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: s
             f"No run config at {run_config_path(checkpoint)}: using this command's model "
             f"({cfg.model.net._target_}) and data set ({cfg.data._target_})"
         )
+
+
+def task_of_run(task: DictConfig, run_task: DictConfig, overrides: Sequence[str]) -> DictConfig:
+    """The run's task (``run_task``, from its saved config) with this command's overrides of
+    ``task.`` keys applied: a key set (``task.metrics=[test/mse]``, ``+task.x=1``) takes its value in
+    ``task``, this command's composed task, which holds them; a key removed (``~task.callbacks.<name>``)
+    is removed. So ``eval`` of a regression run with ``task.metrics=...`` evaluates the regression, not
+    the command's default task."""
+    composed = OmegaConf.create({"task": OmegaConf.to_container(task, resolve=False)})
+    result = OmegaConf.create({"task": OmegaConf.merge(OmegaConf.structured(TaskConfig), run_task)})
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        path = override.key_or_group
+        if not path.startswith("task."):
+            continue
+        if override.is_delete():
+            parent, _, name = path.rpartition(".")
+            node = OmegaConf.select(result, parent)
+            if isinstance(node, DictConfig) and name in node:
+                del node[name]
+        else:
+            OmegaConf.update(result, path, OmegaConf.select(composed, path), force_add=True)
+    return result.task
 
 
 def data_set_of_run(cfg: DictConfig, run: DictConfig | None, checkpoint: Path, overrides: Sequence[str]) -> list[str]:
