@@ -51,7 +51,12 @@ def test_the_tree_passes_its_checks_and_no_file_is_rewritten():
 def test_a_planted_problem_fails_the_check_and_its_file_is_left_as_it_was(tmp_path):
     # A fresh repository with this project's hooks and ruff settings, and one file per fixer, each
     # with what that fixer would rewrite (untracked: the checks take the files they are given).
-    for name in (".pre-commit-config.yaml", "pyproject.toml"):
+    (tmp_path / "engine").mkdir()
+    for name in (
+        ".pre-commit-config.yaml",
+        "pyproject.toml",
+        "engine/pyproject.toml",
+    ):  # ruff's settings extend the engine's
         shutil.copy(REPO / name, tmp_path / name)
     subprocess.run(["git", "init", "--quiet"], cwd=tmp_path, check=True)
     planted = {
