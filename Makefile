@@ -21,7 +21,7 @@ INSTALLED := $(VENV)/.installed
 # takes the newest releases the pyproject.toml ranges allow instead: make clean && make test CONSTRAINTS=
 CONSTRAINTS ?= constraints.txt
 
-.PHONY: train test test-fast test-task benchmark benchmark-scaling gpu-check rename clean
+.PHONY: train test test-fast test-task test-floors benchmark benchmark-scaling gpu-check rename clean
 
 # The engine (engine/, its own distribution) and this project, both editable: an edit takes effect at once.
 $(INSTALLED): pyproject.toml engine/pyproject.toml $(CONSTRAINTS)
@@ -43,6 +43,13 @@ test-fast: $(INSTALLED)
 # DDP run, one exact resume; what a clone runs after changing its task, apart from the engine's.
 test-task: $(INSTALLED)
 	$(VENV)/bin/python -m pytest -m task $(PYTEST_ARGS)
+
+# The floors of the version ranges (floors.txt) in a venv of their own, .venv-floors, and the in-process
+# tests on them: every `>=` of both pyproject.toml is a version the code runs on.
+test-floors:
+	test -x .venv-floors/bin/python || $(PYTHON) -m venv .venv-floors
+	.venv-floors/bin/python -m pip install --quiet --constraint floors.txt --editable ./engine --editable '.[dev]'
+	.venv-floors/bin/python -m pytest -m "not processes" $(PYTEST_ARGS)
 
 benchmark: $(INSTALLED)
 	$(VENV)/bin/python -m benchmarks.run --page docs/performance.md $(BENCH_ARGS)

@@ -67,7 +67,7 @@ ENGINE = "engine"
 #: Where the new name must not be a word yet: what a later rename must rewrite precisely.
 CODE_SUFFIXES = {".py", ".yaml", ".toml", ".sbatch"}
 #: Outside a git checkout: top-level folders that are not the project (git ignores them).
-UNTRACKED = {".git", ".venv", "logs", "data", ".pytest_cache", ".ruff_cache"}
+UNTRACKED = {".git", ".venv", ".venv-floors", "logs", "data", ".pytest_cache", ".ruff_cache"}
 #: The commit hooks (.pre-commit-config.yaml) that lay out Python code: lint fixes (import order
 #: included), then the formatter.
 LAYOUT_HOOKS = ("ruff-check", "ruff-format")

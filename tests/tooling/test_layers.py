@@ -3,6 +3,7 @@
 import each other in a loop, inside a package either (``tools/import_graph.py --cycles``); and the
 engine imports no module of the project (a second contract), whose package it never names."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -14,13 +15,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess:
-    """import-linter's own command line on the tree at ``root`` (its ``src/`` first on the path)."""
-    return subprocess.run(
+    """import-linter's own command line on the tree at ``root`` (its ``src/`` first on the path), its
+    output without the colours some versions of it write."""
+    result = subprocess.run(
         [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())",
          "--config", str(root / "pyproject.toml"), "--no-cache"],
         cwd=root, env={"PYTHONPATH": f"{root / 'engine' / 'src'}:{root / 'src'}", "PATH": "/usr/bin:/bin"},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+    result.stdout = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout)
+    return result
 
 
 def test_the_layers_point_one_way():
