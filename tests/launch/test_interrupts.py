@@ -128,11 +128,17 @@ def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
 
 
 def wait_for(condition, seconds: float = 120) -> bool:
-    """Poll ``condition()`` every 5 ms until it holds (True) or ``seconds`` have passed (False)."""
+    """Poll ``condition()`` every 5 ms until it holds (True) or ``seconds`` have passed (False).
+
+    True as soon as one poll saw it hold, not polled again: a condition that held only for a
+    moment (a child that showed the command's line until it exec'd) returned False when asked twice.
+    """
     deadline = time.time() + seconds
-    while not condition() and time.time() < deadline:
+    while not condition():
+        if time.time() >= deadline:
+            return False
         time.sleep(0.005)
-    return condition()
+    return True
 
 
 @pytest.mark.parametrize("moment", ["checking", "starting"])
