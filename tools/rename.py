@@ -245,10 +245,9 @@ def _ruff_settings(pyproject: Path) -> dict | None:
     ruff = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}).get("ruff")
     if ruff is None:
         return None
-    base = _ruff_settings(pyproject.parent / ruff["extend"]) or {} if "extend" in ruff else {}
-    own = {key: value for key, value in ruff.items() if key in ("line-length",)}
+    base = (_ruff_settings(pyproject.parent / ruff["extend"]) or {}) if "extend" in ruff else {}
     pycodestyle = {**base.get("pycodestyle", {}), **ruff.get("lint", {}).get("pycodestyle", {})}
-    return {**base, **own, "pycodestyle": pycodestyle}
+    return {"line-length": ruff.get("line-length", base.get("line-length", 88)), "pycodestyle": pycodestyle}
 
 
 def _raise_line_limit(root: Path, python: list[str], names: tuple[str, ...], old_names: tuple[str, ...] | None) -> str:

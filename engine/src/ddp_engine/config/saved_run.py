@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from ddp_engine.config.schema import ModelConfig, TaskConfig, upgrade_targets
@@ -94,7 +95,7 @@ def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: s
         cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), run.model)
         parsed = OverridesParser.create().parse_overrides(list(overrides))
         if "task" in run and "task" in cfg and not any(override.key_or_group == "task" for override in parsed):
-            cfg.task = task_of_run(cfg.task, run.task, overrides)
+            cfg.task = task_of_run(cfg.task, run.task, parsed)
     if not log_them:
         return
     if run is not None:
@@ -109,15 +110,16 @@ def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: s
         )
 
 
-def task_of_run(task: DictConfig, run_task: DictConfig, overrides: Sequence[str]) -> DictConfig:
+def task_of_run(task: DictConfig, run_task: DictConfig, overrides: Sequence[Override]) -> DictConfig:
     """The run's task (``run_task``, from its saved config) with this command's overrides of
     ``task.`` keys applied: a key set (``task.metrics=[test/mse]``, ``+task.x=1``) takes its value in
-    ``task``, this command's composed task, which holds them; a key removed (``~task.callbacks.<name>``)
+    ``task``, this command's composed task, which holds them (``overrides``: parsed by Hydra's
+    ``OverridesParser``); a key removed (``~task.callbacks.<name>``)
     is removed. So ``eval`` of a regression run with ``task.metrics=...`` evaluates the regression, not
     the command's default task."""
     composed = OmegaConf.create({"task": OmegaConf.to_container(task, resolve=False)})
     result = OmegaConf.create({"task": OmegaConf.merge(OmegaConf.structured(TaskConfig), run_task)})
-    for override in OverridesParser.create().parse_overrides(list(overrides)):
+    for override in overrides:
         path = override.key_or_group
         if not path.startswith("task."):
             continue
