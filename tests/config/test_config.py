@@ -2,6 +2,8 @@
 
 import inspect
 import re
+import shutil
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -35,6 +37,22 @@ def test_default_config_composes_every_group():
     assert cfg.trainer.devices == "auto" and cfg.trainer.use_distributed_sampler is False
     assert cfg.strategy._target_ == "ddp_engine.distributed.strategy.CommHookDDPStrategy"
     assert cfg.callbacks.model_checkpoint.monitor == "val/acc"
+
+
+def test_the_engines_groups_come_after_the_projects_conf(tmp_path):
+    # The engine ships its groups (ddp_engine/conf/, on Hydra's search path by its plugin); a YAML of
+    # the same group and name in the project's conf/ replaces the engine's whole.
+    import ddp_engine.conf
+
+    engine_trainer = Path(ddp_engine.conf.__file__).parent / "trainer" / "default.yaml"
+    assert not (CONFIG_DIR / "trainer").exists() and compose_config().trainer.max_epochs == 3
+    shutil.copytree(CONFIG_DIR, tmp_path / "conf")
+    (tmp_path / "conf" / "trainer").mkdir()
+    own = engine_trainer.read_text().replace("max_epochs: 3\n", "max_epochs: 7\n")
+    (tmp_path / "conf" / "trainer" / "default.yaml").write_text(own)
+    with initialize_config_dir(config_dir=str(tmp_path / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[IDX_DATA])
+    assert cfg.trainer.max_epochs == 7 and cfg.strategy._target_.startswith("ddp_engine.")
 
 
 @pytest.mark.parametrize(
@@ -95,9 +113,11 @@ def test_enable_progress_bar_false_and_no_logger_leave_their_callbacks_out(tmp_p
 def lists_options(choice: str, *options: str) -> re.Pattern:
     """The refusal of ``choice``, an option its group lacks: the options it lists include ``options``."""
     group = choice.partition("=")[0]
-    # One lookahead per option: from the list's start, any options, then this one, then ", " or ")".
-    includes = "".join(rf"(?=(?:[\w-]+, )*{re.escape(option)}[,)])" for option in options)
-    return re.compile(rf"{re.escape(choice)}: no such option in conf/{group}/ \(available: {includes}[\w, -]+\)\.$")
+    # One lookahead per option: from the list's start, any options, then this one, then ", " or ";".
+    includes = "".join(rf"(?=(?:[\w-]+, )*{re.escape(option)}[,;])" for option in options)
+    return re.compile(
+        rf"{re.escape(choice)}: no such option \(available: {includes}[\w, -]+; yours go in conf/{group}/\)\.$"
+    )
 
 
 REFUSED = [
@@ -139,7 +159,8 @@ def test_preflight_names_the_problem_and_what_is_allowed(override, message):
 
 @pytest.mark.parametrize("option", ["sharded", "base"])
 def test_a_data_option_that_builds_no_datamodule_is_refused_by_name(option):
-    # conf/data/sharded.yaml and base.yaml hold the keys the data sets share, and name no _target_.
+    # The engine's data/sharded.yaml and the image data sets' base.yaml hold the keys the data sets
+    # share, and name no _target_.
     with pytest.raises(UsageError) as error:
         check_command_line("config", [f"data={option}", "trainer.accelerator=cpu"])
     assert str(error.value).startswith(f"data={option} builds no DataModule (it names no _target_)"), str(error.value)

@@ -11,7 +11,7 @@ from enum import Enum
 
 import pytest
 from ddp_engine.config import schema
-from ddp_engine.config.compose import DATA_BASES, missing_values
+from ddp_engine.config.compose import group_options, missing_values
 from ddp_engine.config.saved_run import LOADING_KEYS
 from ddp_engine.config.schema import register_configs
 from hydra import compose, initialize_config_dir
@@ -25,9 +25,10 @@ register_configs()
 SCHEMAS = [obj for obj in vars(schema).values() if isinstance(obj, type) and dataclasses.is_dataclass(obj)]
 
 
-def group_options(group: str) -> list[str]:
-    # data/sharded.yaml and base.yaml hold the keys the data sets share and build no class of their own.
-    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml") if (group, path.stem) not in DATA_BASES)
+def options_of(group: str) -> list[str]:
+    """The options of ``group`` in the project's conf/ and the engine's, as the command line offers them."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return group_options(group)
 
 
 def unselected_member(field: dataclasses.Field) -> bool:
@@ -59,11 +60,11 @@ def test_the_default_configs_set_every_key(config_name):
 
 
 def targets(node, path="") -> list[tuple[str, DictConfig]]:
-    """Every ``(dotted path, node)`` under ``node`` whose ``_target_`` is one of the template's classes."""
+    """Every ``(dotted path, node)`` under ``node`` whose ``_target_`` is a class of the project or the engine."""
     found = []
     if isinstance(node, DictConfig) and not node._is_none():  # None: a logger not selected
         target = node._get_node("_target_")._value() if "_target_" in node else None
-        if isinstance(target, str) and target.startswith("mnist_ddp."):
+        if isinstance(target, str) and target.startswith(("mnist_ddp.", "ddp_engine.")):
             found.append((path, node))
         for key in node:
             found += targets(node._get_node(key), f"{path}.{key}".lstrip("."))
@@ -81,9 +82,7 @@ def plain(value):
     return value.value if isinstance(value, Enum) else value
 
 
-CHOICES = [
-    ("config", f"{group}={option}") for group in ("data", "model", "strategy") for option in group_options(group)
-]
+CHOICES = [("config", f"{group}={option}") for group in ("data", "model", "strategy") for option in options_of(group)]
 CHOICES += [(config_name, "") for config_name in REQUIRED]
 
 

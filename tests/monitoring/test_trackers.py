@@ -50,8 +50,8 @@ def test_the_logger_group_composes_several_trackers_each_under_its_own_key(tmp_p
         "Did you mean logger.mlflow.tracking_uri?",
         ("logger.mlflow.trackinguri=x",): "logger.mlflow.trackinguri: logger.mlflow is not selected, so it has no "
         "keys to set; select it first: logger=mlflow, or logger=[tensorboard,mlflow] for both.",
-        ("logger=[csv,nonexistent]",): "logger=nonexistent: no such option in conf/logger/ (available: csv, mlflow, "
-        "tensorboard, wandb).",
+        ("logger=[csv,nonexistent]",): "logger=nonexistent: no such option (available: csv, mlflow, tensorboard, "
+        "wandb; yours go in conf/logger/).",
     }
     for overrides, message in refusals.items():
         with pytest.raises(UsageError) as error:

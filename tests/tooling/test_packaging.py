@@ -75,9 +75,14 @@ def test_the_wheel_carries_every_module_and_config(venv):
         )
     plugins = REPO / "engine" / "src" / "hydra_plugins"
     assert {p.name for p in (site / "hydra_plugins").glob("*.py")} == {p.name for p in plugins.glob("*.py")}
-    configs = sorted(p.relative_to(REPO / "conf") for p in (REPO / "conf").rglob("*.yaml"))
-    installed = site / "mnist_ddp" / "conf"
-    assert len(configs) > 10 and sorted(p.relative_to(installed) for p in installed.rglob("*.yaml")) == configs
+    # The project's conf/ (its task's groups) and the engine's (trainer, strategy, logger, ...).
+    engine_conf = REPO / "engine" / "src" / "ddp_engine" / "conf"
+    for source, installed in (
+        (REPO / "conf", site / "mnist_ddp" / "conf"),
+        (engine_conf, site / "ddp_engine" / "conf"),
+    ):
+        configs = sorted(p.relative_to(source) for p in source.rglob("*.yaml"))
+        assert len(configs) > 10 and sorted(p.relative_to(installed) for p in installed.rglob("*.yaml")) == configs
 
 
 def test_the_installed_console_scripts_compose_the_packaged_config_from_anywhere(venv, tmp_path):
@@ -87,10 +92,14 @@ def test_the_installed_console_scripts_compose_the_packaged_config_from_anywhere
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     main_search_path = re.search(r"^\| main +\| file://(\S+) +\|$", result.stdout, re.MULTILINE)
     assert main_search_path and main_search_path[1] == str(site / "mnist_ddp" / "conf"), result.stdout[:3000]
+    # The engine's groups, after the project's: from the installed engine's package.
+    engine_search_path = re.search(r"^\| ddp-engine +\| pkg://ddp_engine.conf +\|$", result.stdout, re.MULTILINE)
+    assert engine_search_path and result.stdout.index("| main ") < engine_search_path.start(), result.stdout[:3000]
     assert str(REPO) not in result.stdout
     cfg = yaml.safe_load(result.stdout.split("\nConfig\n******\n")[1])
     assert cfg["data"]["global_batch_size"] == 128 and cfg["data"]["subdir"] == "MNIST/raw"  # conf/data/
     assert cfg["model"]["net"]["_target_"] == "mnist_ddp.models.networks.CNN"  # conf/model/cnn.yaml
+    assert cfg["trainer"]["max_epochs"] == 3 and cfg["logger"]["tensorboard"]["name"] is None  # the engine's
 
     # The checks before Hydra (config/checks.py) compose the config too: a value only the composed
     # config refuses, and a group option listed from the packaged conf/data/.
@@ -104,7 +113,7 @@ def test_the_installed_console_scripts_compose_the_packaged_config_from_anywhere
     result = run_script(venv, "mnist-ddp-eval", "data=nosuch", cwd=tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     listed = re.match(
-        r"Error: data=nosuch: no such option in conf/data/ \(available: ([\w, -]+)\)\.$", result.stderr, re.M
+        r"Error: data=nosuch: no such option \(available: ([\w, -]+); yours go in conf/data/\)\.$", result.stderr, re.M
     )
     # The template's data sets among them (a project's own conf/data/*.yaml is listed too).
     assert listed and {"fashion_mnist", "folder", "idx", "mnist"} <= set(listed[1].split(", ")), result.stderr[-3000:]

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -45,6 +47,15 @@ class Job:
 #: The data YAMLs that hold the keys the data sets share (the engine's ``sharded``, the image data
 #: sets' ``base``): what the options build on, not options.
 DATA_BASES = {("data", "sharded"), ("data", "base")}
+
+
+def group_options(group: str) -> list[str]:
+    """The options of config group ``group`` (``logger``: ``csv``, ``tensorboard``, ...) on Hydra's
+    search path: the project's ``conf/`` and the engine's (:mod:`ddp_engine.conf`), less the schemas
+    (``*_schema``, the ConfigStore's) and :data:`DATA_BASES`. Inside an initialized Hydra only
+    (``initialize_config_dir``)."""
+    names = GlobalHydra.instance().config_loader().get_group_options(group, results_filter=ObjectType.CONFIG)
+    return [name for name in names if not name.endswith("_schema") and (group, name) not in DATA_BASES]
 
 
 def composed_jobs(config_name: str, args: Sequence[str]) -> list[Job]:
@@ -104,13 +115,11 @@ def _compose(config_name: str, overrides: list[str]) -> DictConfig:
         cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
     except MissingConfigException as error:
         group, _, option = (error.missing_cfg_file or "").rpartition("/")
-        # Hydra lists the options for a single choice (logger=x), not for one inside a list (logger=[csv,x]).
-        options = error.options or sorted(path.stem for path in (current().config_dir / group).glob("*.yaml"))
-        # The schemas (ConfigStore) and the keys the data sets share (DATA_BASES) are what the options
-        # build on, not options.
-        options = [name for name in options if not name.endswith("_schema") and (group, name) not in DATA_BASES]
+        # Hydra's own message lists the options for a single choice (logger=x), not for one inside a
+        # list (logger=[csv,x]); group_options lists them for both.
         raise UsageError(
-            f"{group}={option}: no such option in conf/{group}/ (available: {', '.join(options)})."
+            f"{group}={option}: no such option (available: {', '.join(group_options(group))};"
+            f" yours go in conf/{group}/)."
         ) from None
     except (ConfigCompositionException, HydraException, OmegaConfBaseException) as error:
         raise UsageError(_describe(error, _with_choices(config_name, overrides))) from None

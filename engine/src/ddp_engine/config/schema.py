@@ -124,7 +124,7 @@ class TrainerConfig:
 class StrategyConfig:
     """``strategy`` group: arguments of :class:`ddp_engine.distributed.strategy.CommHookDDPStrategy`.
 
-    Values come from ``conf/strategy/*.yaml``; docs/distributed.md's table gives each one's meaning.
+    Values come from ``ddp_engine/conf/strategy/*.yaml``; docs/distributed.md's table gives each one's meaning.
     ``process_group_backend`` ``None`` lets Lightning choose: NCCL on CUDA devices, gloo on CPU.
     ``timeout`` is a ``datetime.timedelta`` node (``_target_``), so Hydra builds it; so is
     ``checkpoint_io`` (a Lightning ``CheckpointIO``; None: Lightning's own).
@@ -300,8 +300,10 @@ def upgrade_targets(node: Any) -> Any:
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore: the engine's (``config_schema`` and ``eval_schema``,
     named in ``conf/config.yaml`` and ``conf/eval.yaml``) and the project's own
-    (:attr:`~ddp_engine.project.Project.register_schemas`); and register the ``${run_stamp:}``
-    resolver of the run directory names (:func:`ddp_engine.core.environment.run_stamp`).
+    (:attr:`~ddp_engine.project.Project.register_schemas`); and register the resolvers
+    ``${run_stamp:}``, the run directory names (:func:`ddp_engine.core.environment.run_stamp`), and
+    ``${project_name:}``, the project's name for trackers (its package with ``-`` for ``_``: the
+    W&B project and MLflow experiment of ``ddp_engine/conf/logger/``).
 
     Raises:
         RuntimeError: when no project is registered (:func:`ddp_engine.project.current`).
@@ -309,6 +311,8 @@ def register_configs() -> None:
     if not OmegaConf.has_resolver("run_stamp"):
         # Cached, like Hydra's ${now:}: every job of a sweep resolves the sweep's directory alike.
         OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
+    if not OmegaConf.has_resolver("project_name"):
+        OmegaConf.register_new_resolver("project_name", lambda: current().package.replace("_", "-"))
     ConfigStore.instance().store(name="config_schema", node=Config)
     ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
     current().register_schemas(ConfigStore.instance())

@@ -1,4 +1,4 @@
-"""The log filters that ``conf/hydra/default.yaml`` gives the job's handlers: every process's
+"""The log filters that ``ddp_engine/conf/hydra/default.yaml`` gives the job's handlers: every process's
 records carry its global rank, and the console shows one copy of each Python warning."""
 
 import logging

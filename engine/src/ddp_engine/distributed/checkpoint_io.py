@@ -147,7 +147,7 @@ class LastCheckpoint(ModelCheckpoint):
     Args:
         dirpath: the checkpoint folder.
         every_n_train_steps: optimizer steps between saves inside an epoch, or None (the config's
-            default: ``conf/callbacks/default.yaml``).
+            default: ``ddp_engine/conf/callbacks/default.yaml``).
         train_time_interval: time between saves inside an epoch, or None (the config's default:
             30 minutes). Its time check is a broadcast from rank 0, so that every rank decides alike.
         time_check_every_n_steps: optimizer steps between two time checks (the config's default: 50).

@@ -57,7 +57,7 @@ class SubmititSweep(BaseSubmititLauncher):
     Args:
         rerun_failed: run the jobs that failed again when the sweep is continued (default False),
             as :class:`~ddp_engine.launch.sweep_launcher.ResumableLauncher` does.
-        params: hydra-submitit-launcher's keys (``conf/hydra/launcher/slurm.yaml`` lists them).
+        params: hydra-submitit-launcher's keys (``ddp_engine/conf/hydra/launcher/slurm.yaml`` lists them).
             ``gpus_per_node: null`` is ``tasks_per_node`` when ``trainer.accelerator`` is a GPU
             one (``gpu``, ``cuda``), else none.
 
