@@ -35,8 +35,17 @@ from mnist_ddp.data.idx import MNIST_FILES
 from mnist_ddp.project import CONFIG_DIR, PROJECT
 
 # The engine composes a config with the project's folder and schemas: the project's entry points
-# register it (ddp_engine.project), and so do the tests, which compose in their own processes too.
+# register it (ddp_engine.project), and so do the tests, which compose in their own processes too:
+# at collection (a test module may compose at import) and before each test (a pytest worker also
+# runs the engine's own tests, engine/tests/, which register the engine's test project).
 register(PROJECT)
+
+
+@pytest.fixture(autouse=True)
+def registered_project():
+    """This project, registered with the engine for each test."""
+    register(PROJECT)
+    return PROJECT
 
 
 @pytest.fixture(scope="session")

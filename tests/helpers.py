@@ -8,20 +8,16 @@ conftest.py (pytest finds those by name, a module never imports conftest).
 
 import http.server
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import harness
 import lightning as L
 import numpy as np
 from ddp_engine.models.build import build_model
 from hydra.utils import instantiate
-from tensorboard.backend.event_processing import plugin_event_accumulator
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.util import tensor_util
 
 from mnist_ddp.data.idx import MNIST_FILES
 
@@ -127,32 +123,18 @@ DETERMINISTIC = (
 
 
 def cli_command(*overrides: str, log_dir: Path, module: str = "mnist_ddp.train") -> list[str]:
-    """``python -m mnist_ddp.train`` (or ``module``) with Hydra overrides, writing under ``log_dir``;
-    a training that chooses no data option and resumes no run in place gets :data:`IDX_DATA`.
-
-    Flags (``-m``) go first: Hydra's argument parser takes the overrides as one trailing list."""
-    flags = [arg for arg in overrides if arg.startswith("-")]
-    values = [arg for arg in overrides if not arg.startswith("-")]
-    keys = {arg.lstrip("+~").split("=", 1)[0] for arg in values}
+    """:func:`harness.cli_command` of ``python -m mnist_ddp.train`` (or ``module``); a training that
+    chooses no data option and resumes no run in place gets :data:`IDX_DATA`."""
+    keys = {arg.lstrip("+~").split("=", 1)[0] for arg in overrides if not arg.startswith("-")}
     if module == "mnist_ddp.train" and not keys & {"data", "hydra.run.dir"}:
-        values.insert(0, IDX_DATA)
-    return [sys.executable, "-m", module, *flags, f"paths.log_dir={log_dir}", *values]
-
-
-#: Variables through which a launcher (torchrun, SLURM, Lightning) tells a process its place in a job.
-LAUNCHER_VARIABLES = re.compile(
-    r"MASTER_ADDR|MASTER_PORT|RANK|LOCAL_RANK|NODE_RANK|GROUP_RANK|WORLD_SIZE|TORCHELASTIC_\w+|SLURM_\w+"
-)
+        overrides = (IDX_DATA, *overrides)
+    return harness.cli_command(module, *overrides, log_dir=log_dir)
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """The environment for a CLI run: this one without launcher variables (a command starts as from
-    a fresh shell, whatever a test left behind), plus ``extra``, and tests/ on PYTHONPATH so that a
-    run can load the test-only callbacks of ``probes.py`` through Hydra overrides
-    (``+callbacks.x._target_=probes...``)."""
-    path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
-    clean = {key: value for key, value in os.environ.items() if not LAUNCHER_VARIABLES.fullmatch(key)}
-    return {**clean, "PYTHONPATH": path, **extra}
+    """:func:`harness.cli_env` with tests/ on PYTHONPATH too, for the test-only DataModules of
+    ``custom_datamodules.py`` that commands load through Hydra overrides."""
+    return harness.cli_env(REPO / "tests", **extra)
 
 
 def run_cli(
@@ -232,39 +214,6 @@ def simulated_slurm(bin_dir: Path, job_id: str, ntasks: int) -> dict[str, str]:
     return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
 
 
-def read_scalars(event_dir: Path, steps: bool = False) -> dict[str, list]:
-    """Every scalar tag in the TensorBoard event files of ``event_dir``, read with TensorBoard's own
-    reader: its values, or ``(step, value)`` pairs with ``steps=True``.
-
-    Read with ``EventAccumulator`` and checked against :func:`scalars_as_the_app_shows`: the two
-    readers drop a resumed run's replaced points on different markers, and a test must see what
-    the TensorBoard app shows."""
-    events = EventAccumulator(str(event_dir), size_guidance={"scalars": 0})
-    events.Reload()
-    points = {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    assert points == scalars_as_the_app_shows(event_dir), "EventAccumulator and the TensorBoard app disagree"
-    return points if steps else {tag: [value for _, value in pairs] for tag, pairs in points.items()}
-
-
-def scalars_as_the_app_shows(event_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """``{tag: [(step, value), ...]}`` of every scalar tag in ``event_dir``, as the TensorBoard app's
-    Python loader (``tensorboard --load_fast=false``, its fallback where the Rust data server does
-    not run) shows them: it takes a run's first ``SessionLog.START`` for the run's own start and
-    drops points only at a later one, where ``EventAccumulator`` drops them at every START."""
-    events = plugin_event_accumulator.EventAccumulator(str(event_dir), size_guidance={"tensors": 0})
-    events.Reload()
-    return {
-        tag: [(event.step, tensor_util.make_ndarray(event.tensor_proto).item()) for event in events.Tensors(tag)]
-        for tag in events.Tags()["tensors"]
-        if events.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
-    }
-
-
-def ranks_in_log(run_dir: Path, job: str = "train") -> set[int]:
-    """The global ranks that wrote lines into a job's log file (``[rank N]`` tags)."""
-    return {int(rank) for rank in re.findall(r"\[rank (\d+)\]", (run_dir / f"{job}.log").read_text())}
-
-
 class MirrorHandler(http.server.SimpleHTTPRequestHandler):
     """Serves a folder; the file named by ``cut_off`` is cut off half-way, as a dropped connection
     cuts a transfer: the full Content-Length is announced, half the bytes sent, the connection closed."""
@@ -298,31 +247,3 @@ def copy_data(synthetic_data_dir: Path, folder: Path) -> Path:
     """A copy of the synthetic data set (1,200 training and 300 test images); returns its raw/ folder."""
     shutil.copytree(synthetic_data_dir, folder)
     return folder / "MNIST" / "raw"
-
-
-def only(path: Path) -> Path:
-    """The one entry of a folder (a run's directory in ``runs/``); fails if there are others."""
-    (item,) = path.iterdir()
-    return item
-
-
-def default_sigint() -> None:
-    """A ``preexec_fn`` for a command that a test stops with Ctrl-C: SIGINT back to its default
-    action, as a terminal's shell starts a command. A test run started in the background by a
-    non-interactive shell (``make test &`` in a script, some CI runners) ignores SIGINT, and its
-    commands would inherit that: Ctrl-C would not reach them, as POSIX wants."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def processes_mentioning(text: str) -> list[str]:
-    """``<pid> <command line>`` of each live process whose command line contains ``text`` (read
-    from /proc; a zombie's command line is empty, so ended processes are not listed)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            command = cmdline.read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in command:
-            found.append(f"{cmdline.parent.name} {command}")
-    return found

@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import only, processes_mentioning, ranks_in_log, read_scalars, run_cli
+from harness import only, processes_mentioning, ranks_in_log, read_scalars
+from helpers import run_cli
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData

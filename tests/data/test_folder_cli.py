@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 from ddp_engine.models.build import build_model
-from helpers import make_image_folder, only, run_cli
+from harness import only
+from helpers import make_image_folder, run_cli
 from omegaconf import OmegaConf
 
 from mnist_ddp.data.images import decode_image_file

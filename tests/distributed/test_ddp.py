@@ -21,17 +21,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from ddp_engine.callbacks.step_anatomy import PARTS
-from helpers import (
-    DETERMINISTIC,
-    GLOBAL_BATCH,
-    REPO,
-    TRAIN_SIZE,
-    VAL_SIZE,
-    cli_command,
-    cli_env,
-    ranks_in_log,
-    read_scalars,
-)  # fmt: skip
+from harness import ranks_in_log, read_scalars
+from helpers import DETERMINISTIC, GLOBAL_BATCH, REPO, TRAIN_SIZE, VAL_SIZE, cli_command, cli_env
 
 from mnist_ddp.data.datamodule import MNIST_MEAN, MNIST_STD, MNISTDataModule
 from mnist_ddp.models.networks import CNN

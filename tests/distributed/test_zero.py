@@ -15,7 +15,8 @@ import shutil
 
 import pytest
 import torch
-from helpers import DETERMINISTIC, read_scalars, run_cli
+from harness import read_scalars
+from helpers import DETERMINISTIC, run_cli
 
 pytestmark = pytest.mark.processes
 

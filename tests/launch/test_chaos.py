@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, cli_command, cli_env, make_synthetic_mnist, processes_mentioning
+from harness import processes_mentioning
+from helpers import REPO, cli_command, cli_env, make_synthetic_mnist
 
 pytestmark = pytest.mark.processes
 

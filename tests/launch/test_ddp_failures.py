@@ -10,7 +10,8 @@ import pytest
 import torch
 from ddp_engine.distributed.checkpoint_io import AtomicCheckpointIO
 from ddp_engine.distributed.failures import TIMEOUT_PATTERN
-from helpers import REPO, cli_command, cli_env, processes_mentioning, read_scalars, run_cli
+from harness import processes_mentioning, read_scalars
+from helpers import REPO, cli_command, cli_env, run_cli
 
 pytestmark = pytest.mark.processes
 

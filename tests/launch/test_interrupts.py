@@ -18,7 +18,8 @@ import time
 
 import pytest
 import torch
-from helpers import REPO, cli_command, cli_env, default_sigint, processes_mentioning, read_scalars, run_cli
+from harness import default_sigint, processes_mentioning, read_scalars
+from helpers import REPO, cli_command, cli_env, run_cli
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.processes

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 import torch
-from helpers import REPO, read_scalars, simulated_slurm, torchrun
+from harness import read_scalars
+from helpers import REPO, simulated_slurm, torchrun
 
 pytestmark = pytest.mark.processes
 

@@ -20,7 +20,8 @@ import torch
 import yaml
 from ddp_engine.config.command_line import check_command_line
 from ddp_engine.core.errors import ConfigValueError
-from helpers import REPO, cli_command, cli_env, processes_mentioning, read_scalars
+from harness import processes_mentioning, read_scalars
+from helpers import REPO, cli_command, cli_env
 from mlflow import MlflowClient
 
 pytestmark = pytest.mark.processes

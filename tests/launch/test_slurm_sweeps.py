@@ -21,7 +21,8 @@ from ddp_engine.config.command_line import check_command_line
 from ddp_engine.config.compose import composed_jobs
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.launch.slurm_launcher import slurm_variables_of_local_task
-from helpers import DETERMINISTIC, REPO, cli_command, cli_env, ranks_in_log, run_cli
+from harness import ranks_in_log
+from helpers import DETERMINISTIC, REPO, cli_command, cli_env, run_cli
 from hydra.utils import instantiate
 
 TINY = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "data.val_size=200",
@@ -219,7 +220,7 @@ def test_the_local_tasks_stop_when_the_sweeps_command_is_killed_and_the_sweep_co
     import signal
     import time
 
-    from helpers import processes_mentioning
+    from harness import processes_mentioning
 
     sweep = tmp_path / "logs" / "sweep"
     paused = ("+callbacks.pause._target_=probes.PauseAfterStep", "+callbacks.pause.step=3",

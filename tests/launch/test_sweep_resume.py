@@ -26,7 +26,8 @@ from ddp_engine.config.command_line import check_command_line
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.launch.job_slots import DevicePool, cpu_slot_size, jobs_at_a_time, visible_gpus
 from ddp_engine.launch.sweep_launcher import JobPlan, move_aside, plan_job
-from helpers import DETERMINISTIC, REPO, cli_command, cli_env, processes_mentioning, read_scalars, run_cli
+from harness import processes_mentioning, read_scalars
+from helpers import DETERMINISTIC, REPO, cli_command, cli_env, run_cli
 
 pytestmark = pytest.mark.processes
 

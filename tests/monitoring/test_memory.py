@@ -16,7 +16,7 @@ from ddp_engine.callbacks import memory
 from ddp_engine.callbacks.memory import MemoryFootprint, host_resident_bytes
 from ddp_engine.distributed.footprint import TensorFootprint, storage_bytes, tensor_footprint
 from ddp_engine.distributed.strategy import CommHookDDPStrategy
-from helpers import read_scalars
+from harness import read_scalars
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer

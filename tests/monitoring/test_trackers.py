@@ -17,7 +17,7 @@ from ddp_engine.loggers import trackers
 from ddp_engine.loggers.csv_logger import CSVLogger
 from ddp_engine.loggers.tensorboard_logger import TensorBoardLogger
 from ddp_engine.loggers.trackers import TRACKER_RUNS_FILE, build_loggers, check_tracker_packages, record_tracker_runs
-from helpers import read_scalars, scalars_as_the_app_shows
+from harness import read_scalars, scalars_as_the_app_shows
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers import MLFlowLogger

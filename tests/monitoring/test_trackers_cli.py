@@ -19,7 +19,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import only, run_cli
+from harness import only
+from helpers import run_cli
 from PIL import Image
 from wandb.proto import wandb_internal_pb2
 

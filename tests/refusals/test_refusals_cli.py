@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, cli_command, cli_env, processes_mentioning, run_cli, torchrun
+from harness import processes_mentioning
+from helpers import REPO, cli_command, cli_env, run_cli, torchrun
 
 pytestmark = pytest.mark.processes
 

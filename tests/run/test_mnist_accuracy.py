@@ -12,7 +12,8 @@ import pytest
 import torch
 from ddp_engine.config.schema import register_configs
 from ddp_engine.models.build import build_model
-from helpers import read_scalars, run_cli
+from harness import read_scalars
+from helpers import run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 

@@ -8,7 +8,8 @@ import re
 
 import pytest
 import torch
-from helpers import only, read_scalars, run_cli
+from harness import only, read_scalars
+from helpers import run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 pytestmark = pytest.mark.processes

@@ -21,7 +21,8 @@ import pytest
 import torch
 from ddp_engine.config.schema import register_configs
 from ddp_engine.models.build import build_model
-from helpers import IDX_DATA, REPO, cli_command, cli_env, only, ranks_in_log, run_cli
+from harness import only, ranks_in_log
+from helpers import IDX_DATA, REPO, cli_command, cli_env, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf

@@ -19,7 +19,8 @@ import sys
 
 import pytest
 import torch
-from helpers import DETERMINISTIC, REPO, TRAIN_SIZE, VAL_SIZE, read_scalars, run_cli, simulated_slurm
+from harness import read_scalars
+from helpers import DETERMINISTIC, REPO, TRAIN_SIZE, VAL_SIZE, run_cli, simulated_slurm
 
 pytestmark = pytest.mark.processes
 

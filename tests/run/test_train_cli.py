@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import only, ranks_in_log, read_scalars, run_cli
+from harness import only, ranks_in_log, read_scalars
+from helpers import run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mnist_ddp.project import MOVED_CLASSES, MOVED_MODULES

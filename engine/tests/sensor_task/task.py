@@ -1,9 +1,7 @@
-"""A second task for the engine, not a classifier and not images: a regression on float sensor
-windows ``(3, 128)`` read from a ``.npz`` file, with an MSE loss and MSE / MAE metrics. Written as
-a cloner would write their own task, against the engine's public seams only (the DataModule base
-``ShardedDataModule``, a LightningModule, the YAMLs in tests/conf/); nothing of the engine is
-edited to run it. The commands find its YAMLs with ``hydra.searchpath`` (:data:`SEARCH_PATH`),
-and its worker processes import this module by name (tests/ is on their ``sys.path``)."""
+"""The task of the engine's test project: a regression on float sensor windows ``(3, 128)`` read
+from a ``.npz`` file, with an MSE loss and MSE / MAE metrics. Written as a cloner would write their
+own task, against the engine's public seams only (the DataModule base ``ShardedDataModule``, a
+LightningModule, the YAMLs in ``conf/``); nothing of the engine is edited to run it."""
 
 from pathlib import Path
 from typing import Any
@@ -12,15 +10,12 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from ddp_engine.data.sharded import GatherDataset, ShardedDataModule
 from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError
 from typing_extensions import override
 
-#: The override that adds tests/conf/ (the task's YAMLs) to the command's config search path.
-SEARCH_PATH = f"hydra.searchpath=[file://{Path(__file__).resolve().parent / 'conf'}]"
-#: The command-line choice of the regression task: its facts, its model, its data.
-REGRESSION = (SEARCH_PATH, "task=regression", "model=regressor", "data=sensors")
+from ddp_engine.data.sharded import GatherDataset, ShardedDataModule
+
 #: Channels and length of one window.
 CHANNELS, LENGTH = 3, 128
 

@@ -1,9 +1,9 @@
 """Test-only Lightning callbacks, loaded into real CLI runs through Hydra overrides, e.g.
 
-    python -m mnist_ddp.train +callbacks.recorder._target_=probes.SampleRecorder \\
+    python -m <package>.train +callbacks.recorder._target_=probes.SampleRecorder \\
         +callbacks.recorder.out_dir=/tmp/samples
 
-(tests/ is put on PYTHONPATH by helpers.cli_env; every DDP process inherits it.)
+(engine/tests is put on PYTHONPATH by harness.cli_env; every DDP process inherits it.)
 """
 
 import json
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+
 from ddp_engine.core.lifetime import SUPERVISOR_ENV
 
 

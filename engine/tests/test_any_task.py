@@ -1,7 +1,7 @@
-"""A second task through the engine: a regression on float sensor windows, not images
-(tests/regression_task.py, its YAMLs in tests/conf/), on real gloo processes through the real
-command line. Nothing of the engine is edited for it; it declares its objective (``val/mse``,
-minimized), its metrics, no figures, no predict and no export (conf/task/regression.yaml). Its
+"""The engine runs a task it was not written for: the test project's regression on float sensor
+windows, not images (sensor_task/), on real gloo processes through its real command line
+(``python -m sensor_task.train``). It declares its objective (``val/mse``, minimized), its metrics,
+no figures, no predict and no export (sensor_task/conf/task/regression.yaml). Its
 DataModule passes the conformance check; its evaluation gives the same MSE on 1, 2 and 3
 processes; a run SIGKILLed inside an epoch and resumed in place is bit-identical to the
 uninterrupted one; a sweep's summary shows its metrics; predict and export refuse it in one line."""
@@ -16,16 +16,17 @@ import time
 
 import pytest
 import torch
-from ddp_engine.data.conformance import check_conformance
-from helpers import REPO, cli_command, cli_env, only, read_scalars, run_cli
-from regression_task import REGRESSION, SEARCH_PATH, make_sensor_windows
+from harness import HERE, cli_command, cli_env, only, read_scalars, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from ddp_engine.data.conformance import check_conformance
+from sensor_task.task import make_sensor_windows
 
 pytestmark = pytest.mark.processes
 
 #: 3 epochs of 13 steps (600 windows over 2 processes at a global batch of 48), last.ckpt every 5 steps.
 TRAIN = (
-    *REGRESSION, "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=3",
+    "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=3",
     "callbacks.last_checkpoint.train_time_interval=null", "callbacks.last_checkpoint.every_n_train_steps=5",
 )  # fmt: skip
 KILL_AFTER = 17  # inside epoch 1; its last.ckpt is step 15's
@@ -40,7 +41,7 @@ def windows(tmp_path_factory):
 def trained(windows, tmp_path_factory):
     """The uninterrupted 2-process training: (its run directory, the command's result)."""
     log_dir = tmp_path_factory.mktemp("regression")
-    result = run_cli(*TRAIN, f"data.path={windows}", log_dir=log_dir)
+    result = run_cli("sensor_task.train", *TRAIN, f"data.path={windows}", log_dir=log_dir)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return only(log_dir / "runs"), result
 
@@ -50,7 +51,7 @@ def params(run_dir):
 
 
 def test_its_datamodule_passes_the_conformance_check(windows):
-    report = check_conformance({"_target_": "regression_task.SensorDataModule", "path": str(windows),
+    report = check_conformance({"_target_": "sensor_task.task.SensorDataModule", "path": str(windows),
                                 "global_batch_size": 48})  # fmt: skip
     assert report.split_sizes == {"train": 600, "val": 97, "test": 131}
     for world_size in (2, 3):
@@ -83,8 +84,8 @@ def test_its_evaluation_gives_the_same_mse_on_1_2_and_3_processes(trained, tmp_p
     evaluated = {}
     for devices in (1, 2, 3):
         log_dir = tmp_path / str(devices)
-        result = run_cli(SEARCH_PATH, f"ckpt_path={trained_metrics['checkpoint']}", "trainer.accelerator=cpu",
-                         f"trainer.devices={devices}", module="mnist_ddp.eval", log_dir=log_dir)  # fmt: skip
+        result = run_cli("sensor_task.eval", f"ckpt_path={trained_metrics['checkpoint']}", "trainer.accelerator=cpu",
+                         f"trainer.devices={devices}", log_dir=log_dir)  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         evaluated[devices] = json.loads((only(log_dir / "evals") / "metrics.json").read_text())
     # Each window is evaluated once on any world size; the MSE's sums are float64. A window's
@@ -103,8 +104,8 @@ def test_a_run_killed_inside_an_epoch_resumes_in_place_bit_identical(trained, wi
         "+callbacks.pause._target_=probes.PauseAfterStep", f"+callbacks.pause.step={KILL_AFTER}",
         f"+callbacks.pause.marker={marker}", f"+callbacks.pause.release={release}", "+callbacks.pause.seconds=1",
     )  # fmt: skip
-    command = cli_command(*TRAIN, f"data.path={windows}", *pause, log_dir=tmp_path / "logs")
-    run = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    command = cli_command("sensor_task.train", *TRAIN, f"data.path={windows}", *pause, log_dir=tmp_path / "logs")
+    run = subprocess.Popen(command, cwd=HERE, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)  # fmt: skip
     try:
         deadline = time.time() + 300
@@ -119,7 +120,7 @@ def test_a_run_killed_inside_an_epoch_resumes_in_place_bit_identical(trained, wi
     assert (saved["global_step"], saved["epoch"]) == (15, 1), "killed inside epoch 1, after step 15's checkpoint"
     release.touch()  # the resumed run trains on without pausing
 
-    resumed = run_cli(f"hydra.run.dir={run_dir}", "ckpt_path=last", SEARCH_PATH, log_dir=tmp_path / "logs")
+    resumed = run_cli("sensor_task.train", f"hydra.run.dir={run_dir}", "ckpt_path=last", log_dir=tmp_path / "logs")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     for key, value in params(full).items():
         assert torch.equal(params(run_dir)[key], value), key
@@ -129,7 +130,7 @@ def test_a_run_killed_inside_an_epoch_resumes_in_place_bit_identical(trained, wi
 
 def test_a_sweep_summarizes_its_metrics(windows, tmp_path):
     sweep_dir = tmp_path / "sweep"
-    result = run_cli("-m", *REGRESSION, f"data.path={windows}", "trainer.accelerator=cpu", "trainer.devices=1",
+    result = run_cli("sensor_task.train", "-m", f"data.path={windows}", "trainer.accelerator=cpu", "trainer.devices=1",
                      "trainer.max_epochs=1", "model.optimizer.lr=0.01,0.003", f"hydra.sweep.dir={sweep_dir}",
                      log_dir=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -150,7 +151,7 @@ def test_predict_and_export_refuse_a_task_that_has_none_in_one_line(trained, win
     checkpoint = json.loads((run / "metrics.json").read_text())["checkpoint"]
     extra = [f"input={windows}"] if command == "predict" else []
     before = sorted(path.name for path in (run / "checkpoints").iterdir())
-    result = run_cli(SEARCH_PATH, f"ckpt_path={checkpoint}", *extra, module=f"mnist_ddp.{command}", log_dir=tmp_path)
+    result = run_cli(f"sensor_task.{command}", f"ckpt_path={checkpoint}", *extra, log_dir=tmp_path)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"Error: {command}: the task of ckpt_path={checkpoint} has no {command} (task.{command} is null in its "

@@ -1,0 +1,114 @@
+"""What the engine's tests and a project's share to run commands as a user would and to read what
+a run leaves: the environment of a command (:func:`cli_env`), TensorBoard's scalars as its own
+readers show them, the ranks in a log, live processes from /proc. Project-agnostic: a command is
+``python -m <package>.<command>`` of whichever project a test runs.
+
+Test modules import them with ``from harness import ...`` (engine/tests is on pytest's
+``pythonpath`` and on every command's PYTHONPATH).
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tensorboard.backend.event_processing import plugin_event_accumulator
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util import tensor_util
+
+#: engine/tests: the test project (``sensor_task``) and the test-only callbacks (``probes``).
+HERE = Path(__file__).resolve().parent
+
+
+#: Variables through which a launcher (torchrun, SLURM, Lightning) tells a process its place in a job.
+LAUNCHER_VARIABLES = re.compile(
+    r"MASTER_ADDR|MASTER_PORT|RANK|LOCAL_RANK|NODE_RANK|GROUP_RANK|WORLD_SIZE|TORCHELASTIC_\w+|SLURM_\w+"
+)
+
+
+def cli_env(*paths: Path, **extra: str) -> dict[str, str]:
+    """The environment for a CLI run: this one without launcher variables (a command starts as from
+    a fresh shell, whatever a test left behind), plus ``extra``, and engine/tests (then ``paths``) on
+    PYTHONPATH, so that a run can load the test project and the test-only callbacks of
+    ``probes.py`` through Hydra overrides (``+callbacks.x._target_=probes...``)."""
+    path = os.pathsep.join(filter(None, [str(HERE), *map(str, paths), os.environ.get("PYTHONPATH")]))
+    clean = {key: value for key, value in os.environ.items() if not LAUNCHER_VARIABLES.fullmatch(key)}
+    return {**clean, "PYTHONPATH": path, **extra}
+
+
+def cli_command(module: str, *overrides: str, log_dir: Path) -> list[str]:
+    """``python -m <module>`` (``sensor_task.train``) with Hydra overrides, writing under ``log_dir``.
+    Flags (``-m``) go first: Hydra's argument parser takes the overrides as one trailing list."""
+    flags = [arg for arg in overrides if arg.startswith("-")]
+    values = [arg for arg in overrides if not arg.startswith("-")]
+    return [sys.executable, "-m", module, *flags, f"paths.log_dir={log_dir}", *values]
+
+
+def run_cli(module: str, *overrides: str, log_dir: Path, env: dict | None = None, timeout: float = 600):
+    """Run ``python -m <module>`` as a user would, from engine/tests, wait for it, and capture its
+    output (a ``subprocess.CompletedProcess``)."""
+    return subprocess.run(cli_command(module, *overrides, log_dir=log_dir), cwd=HERE, env=cli_env(**(env or {})),
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def read_scalars(event_dir: Path, steps: bool = False) -> dict[str, list]:
+    """Every scalar tag in the TensorBoard event files of ``event_dir``, read with TensorBoard's own
+    reader: its values, or ``(step, value)`` pairs with ``steps=True``.
+
+    Read with ``EventAccumulator`` and checked against :func:`scalars_as_the_app_shows`: the two
+    readers drop a resumed run's replaced points on different markers, and a test must see what
+    the TensorBoard app shows."""
+    events = EventAccumulator(str(event_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    points = {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert points == scalars_as_the_app_shows(event_dir), "EventAccumulator and the TensorBoard app disagree"
+    return points if steps else {tag: [value for _, value in pairs] for tag, pairs in points.items()}
+
+
+def scalars_as_the_app_shows(event_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` of every scalar tag in ``event_dir``, as the TensorBoard app's
+    Python loader (``tensorboard --load_fast=false``, its fallback where the Rust data server does
+    not run) shows them: it takes a run's first ``SessionLog.START`` for the run's own start and
+    drops points only at a later one, where ``EventAccumulator`` drops them at every START."""
+    events = plugin_event_accumulator.EventAccumulator(str(event_dir), size_guidance={"tensors": 0})
+    events.Reload()
+    return {
+        tag: [(event.step, tensor_util.make_ndarray(event.tensor_proto).item()) for event in events.Tensors(tag)]
+        for tag in events.Tags()["tensors"]
+        if events.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
+    }
+
+
+def ranks_in_log(run_dir: Path, job: str = "train") -> set[int]:
+    """The global ranks that wrote lines into a job's log file (``[rank N]`` tags)."""
+    return {int(rank) for rank in re.findall(r"\[rank (\d+)\]", (run_dir / f"{job}.log").read_text())}
+
+
+def only(path: Path) -> Path:
+    """The one entry of a folder (a run's directory in ``runs/``); fails if there are others."""
+    (item,) = path.iterdir()
+    return item
+
+
+def default_sigint() -> None:
+    """A ``preexec_fn`` for a command that a test stops with Ctrl-C: SIGINT back to its default
+    action, as a terminal's shell starts a command. A test run started in the background by a
+    non-interactive shell (``make test &`` in a script, some CI runners) ignores SIGINT, and its
+    commands would inherit that: Ctrl-C would not reach them, as POSIX wants."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """``<pid> <command line>`` of each live process whose command line contains ``text`` (read
+    from /proc; a zombie's command line is empty, so ended processes are not listed)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in command:
+            found.append(f"{cmdline.parent.name} {command}")
+    return found
