@@ -1,19 +1,21 @@
 """The engine's own tests run on its test project, :mod:`sensor_task` (a regression on float
 windows, no data files), registered with the engine for every test here: a test that composes a
 config in its own process composes the test project's. The commands the tests start register it
-themselves (``python -m sensor_task.train``)."""
+themselves (``python -m sensor_task.train``).
+
+Not registered when this file is imported: pytest imports the conftest of every test path before
+it collects a test module, and the project's test modules (tests/) compose with the project's at
+import."""
 
 import pytest
 
 from ddp_engine.project import register
 from sensor_task.project import PROJECT
 
-register(PROJECT)
-
 
 @pytest.fixture(autouse=True)
 def test_project():
-    """The test project, registered again for each test: a pytest worker also runs the project's
-    tests, whose conftest registers the project's own."""
+    """The test project, registered for each test: a pytest worker also runs the project's tests,
+    whose conftest registers the project's own."""
     register(PROJECT)
     return PROJECT
