@@ -33,9 +33,10 @@ def assert_refused_before_anything(result, log_dir: Path, message: str) -> None:
 
 def test_num_nodes_that_torchrun_did_not_start_are_refused_in_every_process(synthetic_data_dir, tmp_path):
     # torchrun stops the other processes within its monitor interval (0.1 s) of the first one's exit,
-    # and a refused process exits at once: 10 s give each process the time to refuse on its own.
+    # and a refused process exits at once: 20 s give each process the time to refuse on its own, also
+    # on a loaded machine (10 s once let the second be stopped while it still imported).
     result = torchrun(
-        "--standalone", "--nproc-per-node=2", "--monitor-interval=10",
+        "--standalone", "--nproc-per-node=2", "--monitor-interval=20",
         overrides=(f"data.data_dir={synthetic_data_dir}", *QUICK, "trainer.num_nodes=2"), log_dir=tmp_path, timeout=300,
     )  # fmt: skip
     assert result.returncode != 0
