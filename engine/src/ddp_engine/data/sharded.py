@@ -24,6 +24,7 @@ from typing_extensions import override
 
 from ddp_engine.core.compat import epoch_batches_processed
 from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.data.loader_workers import workers_context
 from ddp_engine.data.sharding import ResumableDataLoader, ResumableDistributedSampler
 from ddp_engine.distributed.layout import per_device_batch_size, per_device_eval_batch_size
 
@@ -82,7 +83,9 @@ def unrepeated_loader(dataset: Dataset, world_size: int, global_rank: int, **opt
     """A DataLoader of this replica's shard of ``dataset`` for evaluation or prediction: every sample
     goes to exactly one of the ``world_size`` replicas, in order (replica ``r`` takes samples ``r``,
     ``r + world_size``, ...), and none is repeated; ``options`` are the DataLoader's others
-    (``collate_fn`` defaults to :func:`collate_for`).
+    (``collate_fn`` defaults to :func:`collate_for`, and with ``num_workers`` > 0
+    ``multiprocessing_context`` to :func:`~ddp_engine.data.loader_workers.workers_context`'s: the
+    workers are not forked from this process).
 
     torch's DistributedSampler pads the last shard with repeated samples, which would count them
     twice in val/test metrics (and predict them twice). Lightning's unpadded sampler, the one
@@ -91,7 +94,10 @@ def unrepeated_loader(dataset: Dataset, world_size: int, global_rank: int, **opt
     Each replica needs a sample: its assertion refuses a ``dataset`` smaller than ``world_size``.
     """
     sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world_size, rank=global_rank, shuffle=False)
-    return DataLoader(dataset, sampler=sampler, **{"collate_fn": collate_for(dataset), **options})
+    defaults = {"collate_fn": collate_for(dataset)}
+    if options.get("num_workers", 0) > 0 and "multiprocessing_context" not in options:
+        defaults["multiprocessing_context"] = workers_context(type(dataset).__module__)
+    return DataLoader(dataset, sampler=sampler, **{**defaults, **options})
 
 
 class ShardedDataModule(L.LightningDataModule):
@@ -127,7 +133,8 @@ class ShardedDataModule(L.LightningDataModule):
     Args:
         global_batch_size: samples per optimizer step summed over all processes; each process
             loads ``global_batch_size / (world_size * accumulate_grad_batches)`` per step.
-        num_workers: DataLoader worker processes per DDP process (default 0).
+        num_workers: DataLoader worker processes per DDP process (default 0), started from a
+            forkserver of the process, not forked from it (:mod:`ddp_engine.data.loader_workers`).
         shuffle_seed: seed of the training sampler's per-epoch permutation (default 0; the
             configs give ``${seed}``).
         prepare_data_per_node: True (default): ``prepare_data`` runs on local rank 0 of every
@@ -284,7 +291,7 @@ class ShardedDataModule(L.LightningDataModule):
         return dataset
 
     def _loader_options(self, dataset: Dataset, batch_size: int) -> dict[str, Any]:
-        return {
+        options = {
             "batch_size": batch_size,
             "collate_fn": collate_for(dataset),
             "num_workers": self.num_workers,
@@ -295,6 +302,10 @@ class ShardedDataModule(L.LightningDataModule):
             # (after the checkpoint restored the generator): the masks would shift from there on.
             "generator": torch.Generator().manual_seed(self.shuffle_seed),
         }
+        if self.num_workers > 0:
+            # Not forked from this process, which runs threads: see ddp_engine.data.loader_workers.
+            options["multiprocessing_context"] = workers_context(type(self).__module__, type(dataset).__module__)
+        return options
 
     @override
     def state_dict(self) -> dict:
