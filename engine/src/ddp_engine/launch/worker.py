@@ -83,9 +83,11 @@ def run(job_file: str, environ: dict[str, str]) -> None:
     rank_zero_only.rank = int(os.environ["RANK"])
     torch.distributed.set_debug_level_from_env()
     # multiprocessing makes a process started by a forkserver start its own children through a
-    # forkserver too (spawn.prepare sets the parent's start method): the DataLoader's workers then
-    # came from a second forkserver, started by this process, which outlived it (an orphan that
-    # held the command's output open). Back to Linux's default, as a worker started by a command has.
+    # forkserver too (spawn.prepare sets the parent's start method), one that nothing ties to this
+    # process: it and its children can outlive it, holding the command's output open. Back to
+    # Linux's default, as a process started by a command has, for a child started with the default
+    # context; the engine's DataLoaders start their workers from a forkserver of their own that ends
+    # with this process (ddp_engine.data.loader_workers).
     import multiprocessing
 
     multiprocessing.set_start_method("fork", force=True)
