@@ -17,7 +17,7 @@ What it costs, against forking this process (docs/performance.md has the figures
 - each worker gets the dataset pickled, as with the ``spawn`` start method: its tensors are moved
   into shared memory (``/dev/shm``) once, and a worker maps them rather than copying them, so
   ``/dev/shm`` holds each process's data set (a container's default 64 MiB is too small for two
-  processes' MNIST training split, 41 MiB each). A
+  processes of a 41 MiB training split). A
   dataset of many tensors passes one file descriptor each, and Python's forkserver passes at most
   about 250 to a worker ("ValueError: too many fds"): hold the samples in a few large tensors
   (:class:`~ddp_engine.data.sharded.GatherDataset`), not in a list of tensors.
