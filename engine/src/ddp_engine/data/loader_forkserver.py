@@ -4,10 +4,10 @@ forkserver's life and its workers' to the process that started it.
 
 - The kernel sends the forkserver SIGTERM when that process ends, however it ends (SIGKILL too),
   and each worker SIGTERM when the forkserver ends (Linux ``PR_SET_PDEATHSIG``, set in each worker
-  right after its fork). Python's forkserver ends by itself only once no process holds its
-  connection, and each worker holds one: a worker that outlived its process (it checks its parent,
-  the forkserver, every 5 s) kept the forkserver alive and the forkserver it, both orphans
-  holding the command's output open.
+  right after its fork). Without it, Python's forkserver ends only once no process holds its
+  connection, and each worker holds one, while a worker ends only once its parent, the
+  forkserver, has (torch checks every 5 s): the two would wait on each other and outlive their
+  process, holding the command's output open.
 - SIGINT and SIGHUP (Ctrl-C, a closed terminal: sent to the whole process group) are ignored, by
   the forkserver and by the workers it forks (they keep the forkserver's dispositions): the
   process they serve stops on them at its next batch, which its workers still load, and they end
@@ -32,7 +32,8 @@ SERVED_PID = os.getppid()
 
 def end_with_forkserver() -> None:
     """In a worker, right after the forkserver forked it: have the kernel send it SIGTERM when the
-    forkserver ends, and end now if it already has. No Python exception can leave a fork's handler."""
+    forkserver ends, and end now if it already has (``os._exit``: an exception raised in an at-fork
+    handler is only printed)."""
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != FORKSERVER_PID:
         os._exit(128 + signal.SIGTERM)
