@@ -1,6 +1,7 @@
 """core.environment's launcher detection without Lightning agrees with Lightning's own."""
 
 import pytest
+
 from ddp_engine.core.environment import external_launcher, launched_externally
 
 LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_JOB_NAME")

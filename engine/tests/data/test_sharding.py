@@ -3,9 +3,10 @@ every world size, and a resumed epoch that continues at the next one (ddp_engine
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset, default_convert
+
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.data.sharding import ResumableDataLoader, ResumableDistributedSampler
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset, default_convert
 
 N, GLOBAL_BATCH = 1008, 48
 

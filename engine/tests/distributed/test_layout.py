@@ -4,6 +4,8 @@ import inspect
 
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
+
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.distributed.layout import (
     CPU_PROCESSES_WHEN_AUTO,
@@ -13,7 +15,6 @@ from ddp_engine.distributed.layout import (
 )
 from ddp_engine.distributed.options import CommHook
 from ddp_engine.distributed.strategy import CommHookDDPStrategy
-from torch.nn.parallel import DistributedDataParallel
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from ddp_engine.core.errors import ConfigValueError
-from ddp_engine.distributed.zero import drop_duplicate_state, shard_optimizer
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.distributed.zero import drop_duplicate_state, shard_optimizer
 
 
 def test_an_optimizer_that_has_stepped_is_refused():

@@ -12,10 +12,11 @@ import time
 import lightning as L
 import pytest
 import torch
-from ddp_engine.callbacks.signals import StopOnSignal, stop_on_signals
-from ddp_engine.distributed.checkpoint_io import LastCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, TensorDataset
+
+from ddp_engine.callbacks.signals import StopOnSignal, stop_on_signals
+from ddp_engine.distributed.checkpoint_io import LastCheckpoint
 
 
 class Tiny(L.LightningModule):

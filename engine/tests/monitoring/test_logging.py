@@ -3,8 +3,9 @@
 import logging
 
 import pytest
-from ddp_engine.core.log_filters import RankZeroWarningsFilter
 from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+from ddp_engine.core.log_filters import RankZeroWarningsFilter
 
 
 @pytest.mark.parametrize("rank", [0, 1])

@@ -12,16 +12,17 @@ import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
-from ddp_engine.callbacks import memory
-from ddp_engine.callbacks.memory import MemoryFootprint, host_resident_bytes
-from ddp_engine.distributed.footprint import TensorFootprint, storage_bytes, tensor_footprint
-from ddp_engine.distributed.strategy import CommHookDDPStrategy
 from harness import read_scalars
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
+
+from ddp_engine.callbacks import memory
+from ddp_engine.callbacks.memory import MemoryFootprint, host_resident_bytes
+from ddp_engine.distributed.footprint import TensorFootprint, storage_bytes, tensor_footprint
+from ddp_engine.distributed.strategy import CommHookDDPStrategy
 
 IN, OUT = 300, 70
 #: float32 weights and biases of the Linear layer: 84,280 bytes.

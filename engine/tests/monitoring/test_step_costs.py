@@ -9,12 +9,13 @@ from types import SimpleNamespace
 import lightning  # noqa: F401 -- sets PYTORCH_NVML_BASED_CUDA_CHECK, which the CUDA test is about
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
+
 from ddp_engine.callbacks import progress_bar
 from ddp_engine.callbacks.progress_bar import ThrottledRichProgressBar
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.distributed.checkpoint_io import LastCheckpoint
 from ddp_engine.run.cuda_check import NVML_CHECK_ENV, check_cuda_through_runtime
-from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 
 
 def test_the_training_bar_is_updated_only_when_it_redraws_and_at_the_epochs_last_batch(monkeypatch):

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from ddp_engine.callbacks import rank_metrics, throughput
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.data.sharded import count_samples

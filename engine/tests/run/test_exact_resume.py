@@ -9,10 +9,11 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from ddp_engine.callbacks.exact_resume import RNG_STATE_KEY, ExactResume
-from ddp_engine.core.errors import ConfigValueError
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from ddp_engine.callbacks.exact_resume import RNG_STATE_KEY, ExactResume
+from ddp_engine.core.errors import ConfigValueError
 
 #: Training batches per epoch (of one sample each).
 BATCHES = 4

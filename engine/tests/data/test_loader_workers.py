@@ -3,7 +3,7 @@ the process (ddp_engine.data.loader_workers): a lock that a thread of the proces
 start cannot hold them up, a resume's batches come as the sampler deals them, and neither the
 forkserver nor a worker outlives the process, even SIGKILLed.
 
-One probe process (tests/loader_start_probe.py) recreates a DDP process's conditions: gloo's
+One probe process (engine/tests/loader_start_probe.py) recreates a DDP process's conditions: gloo's
 threads, the termination watchdog, a thread that allocates in a loop and one that holds a lock the
 dataset needs from before the loaders are built until their last batch; the engine's training
 loader resumed inside an epoch and its validation loader, 2 workers each. The same loaders with
@@ -23,8 +23,9 @@ from pathlib import Path
 
 import loader_start_probe as probe
 import pytest
+from harness import cli_env
+
 from ddp_engine.data.sharding import ResumableDistributedSampler
-from helpers import cli_env
 
 pytestmark = pytest.mark.processes
 

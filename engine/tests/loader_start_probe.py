@@ -1,9 +1,9 @@
 """A DDP process's conditions when its DataLoader workers start, in a process of their own, for
-tests/data/test_loader_workers.py: threads (gloo's, the engine's termination watchdog, one that
+engine/tests/data/test_loader_workers.py: threads (gloo's, the engine's termination watchdog, one that
 allocates in a loop, one that holds a lock the dataset needs), the engine's loaders with 2
 workers each, and a resume inside an epoch.
 
-:func:`main` (tests/ on PYTHONPATH, as ``helpers.cli_env`` gives it) prints one JSON line per
+:func:`main` (engine/tests on PYTHONPATH, as ``harness.cli_env`` gives it) prints one JSON line per
 phase, then waits to be killed:
 
 1. ``{"phase": "engine", ...}``: the training loader of a :class:`LockedDataModule` resumed at
@@ -35,10 +35,11 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+from typing_extensions import override
+
 from ddp_engine.data import sharded
 from ddp_engine.data.sharded import GatherDataset, ShardedDataModule
 from ddp_engine.launch.worker import TerminationWatchdog
-from typing_extensions import override
 
 #: Held by a thread of this process while the loaders' workers start and serve.
 HELD = threading.Lock()
