@@ -33,10 +33,13 @@ import torch.distributed as dist
 from ddp_engine.callbacks.ddp_report import DDPSettingsReport
 from ddp_engine.callbacks.memory import MemoryFootprint
 from ddp_engine.callbacks.step_anatomy import StepAnatomy
+from ddp_engine.config.checks import basic_sweeper
 from ddp_engine.core import compat
 from ddp_engine.distributed.checkpoint_io import at_optimizer_step_boundary
 from ddp_engine.distributed.footprint import ddp_bucket_bytes
 from ddp_engine.distributed.strategy import CommHookDDPStrategy
+from hydra.plugins.sweeper import Sweeper
+from hydra.utils import get_class
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
@@ -544,8 +547,10 @@ def test_the_declared_type_of_a_null_node_is_its_schemas():
 
 # --- the fence ------------------------------------------------------------------------------------
 
-#: The engine's package and the project's: compat is the engine's, and neither uses a private API elsewhere.
-PACKAGES = (Path(ddp_engine.__file__).parent, Path(mnist_ddp.__file__).parent)
+#: The engine's package, its Hydra plugins and the project's package: compat is the engine's, and no
+#: other module uses a private API.
+ENGINE = Path(ddp_engine.__file__).parent
+PACKAGES = (ENGINE, ENGINE.parent / "hydra_plugins", Path(mnist_ddp.__file__).parent)
 COMPAT = Path(compat.__file__)
 #: Private names that are not a library's private API: os's, and Hydra's documented ``_target_`` key.
 ALLOWED = {("os", "_exit"), ("os", "_Environ"), (None, "_target_")}
@@ -584,7 +589,23 @@ def private_uses(tree: ast.AST) -> list[tuple[int, str]]:
                 found.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.Constant) and node.value in CHECKPOINT_INTERNALS:
             found.append((node.lineno, repr(node.value)))
+        elif isinstance(node, ast.ImportFrom) and private_module(node.module or ""):
+            found.append((node.lineno, f"from {node.module} import ..."))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {alias.name}") for alias in node.names if private_module(alias.name)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DOTTED.fullmatch(node.value):
+            if private_module(node.value):  # a class path: "hydra._internal.<...>.BasicSweeper"
+                found.append((node.lineno, repr(node.value)))
     return found
+
+
+#: A dotted path (a module, or a class in one), as a string may name one.
+DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+
+def private_module(path: str) -> bool:
+    """Whether the dotted ``path`` goes through a private module of a library (``hydra._internal``)."""
+    return any(private(part) and (None, part) not in ALLOWED for part in path.split("."))
 
 
 def test_no_module_outside_compat_uses_a_private_api():
@@ -595,7 +616,7 @@ def test_no_module_outside_compat_uses_a_private_api():
         if path != COMPAT
         for line, what in private_uses(ast.parse(path.read_text()))
     ]
-    assert len(PACKAGES) == 2 and COMPAT.is_file()
+    assert all(package.is_dir() for package in PACKAGES) and COMPAT.is_file()
     assert not found, "private APIs used outside ddp_engine/core/compat.py (add a function there):\n" + "\n".join(found)
 
 
@@ -606,6 +627,17 @@ def test_the_scan_finds_a_private_use():
     assert sorted(line for line, _ in private_uses(ast.parse(planted))) == [2, 3, 4]
     allowed = "import os\ndef f(self, cfg):\n    os._exit(1)\n    cfg._target_\n    self._own = 1\n"
     assert private_uses(ast.parse(allowed)) == []
+    # A private module, imported or named by its class path.
+    modules = (
+        "from hydra._internal.utils import x\nimport torch._dynamo\n"
+        "A = 'hydra._internal.core_plugins.basic_sweeper.BasicSweeper'\nB = 'data._target_'\nC = 'a.b.C'\n"
+    )
+    assert sorted(line for line, _ in private_uses(ast.parse(modules))) == [1, 2, 3]
+
+
+def test_hydras_basic_sweeper_is_read_from_its_stored_config():
+    # Its class lives in hydra._internal: the sweep checks read its path from Hydra's ConfigStore.
+    assert issubclass(get_class(basic_sweeper()), Sweeper) and basic_sweeper().endswith(".BasicSweeper")
 
 
 def library_names(base: type) -> set[str]:

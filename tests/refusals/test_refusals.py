@@ -20,7 +20,7 @@ import time
 
 import pytest
 import torch
-from ddp_engine.config.checks import BASIC_SWEEPER, check_output_dir, check_sweep_dir
+from ddp_engine.config.checks import basic_sweeper, check_output_dir, check_sweep_dir
 from ddp_engine.config.command_line import check_command_line
 from ddp_engine.core.errors import ConfigValueError, UsageError
 from ddp_engine.core.run_dir import SWEEP_DIR_ENV, restart_hint
@@ -185,12 +185,12 @@ def test_a_new_run_into_the_directory_of_an_earlier_run_is_refused(tmp_path, mar
     # Resuming in place is the way on; a sweep into a folder of runs that is no sweep is refused too.
     check_output_dir(run, resume=True)
     with pytest.raises(ConfigValueError, match=f"hydra.sweep.dir={log_dir / 'runs'} holds files but no sweep"):
-        check_sweep_dir(log_dir / "runs", [], resume=False, sweeper={"_target_": BASIC_SWEEPER})
+        check_sweep_dir(log_dir / "runs", [], resume=False, sweeper={"_target_": basic_sweeper()})
     # Nor one of the user's own files: the sweep would move its job-numbered folders aside.
     (mine := tmp_path / "mine" / "0").mkdir(parents=True)
     (mine / "data.txt").write_text("mine")
     with pytest.raises(ConfigValueError, match=f"hydra.sweep.dir={mine.parent} holds files but no sweep"):
-        check_sweep_dir(mine.parent, [], resume=False, sweeper={"_target_": BASIC_SWEEPER})
+        check_sweep_dir(mine.parent, [], resume=False, sweeper={"_target_": basic_sweeper()})
     check_output_dir(tmp_path / "new", resume=False)
     # A completed run has nothing to resume: the way on is another directory only.
     (run / "metrics.json").write_text('{"status": "completed"}')

@@ -17,6 +17,7 @@ expands into several):
    inputs (every image decoded) and an export's output folder (writable).
 """
 
+import functools
 import io
 import os
 import pickle
@@ -28,7 +29,9 @@ from typing import TypeVar
 
 import lightning as L
 import torch
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
@@ -318,8 +321,16 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
     )
 
 
-#: The sweeper whose sweeps can be continued job for job (its jobs are known before they run).
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+@functools.cache
+def basic_sweeper() -> str:
+    """The ``_target_`` of Hydra's basic sweeper (``hydra/sweeper: basic``), whose sweeps can be
+    continued job for job (its jobs are known before they run): read from the config Hydra stores
+    for it (ConfigStore's ``hydra/sweeper/basic``, stored when Hydra loads its core plugins), as the
+    class lives in a private module of Hydra's that a release may move."""
+    Plugins.instance()  # loads Hydra's core plugins, which store their configs
+    return ConfigStore.instance().load("hydra/sweeper/basic.yaml").node["_target_"]
+
+
 #: The sweeper whose searches can be continued (conf/hparams_search/optuna.yaml): its study holds its trials.
 SEARCH_SWEEPER = "hydra_plugins.ddp_engine_sweeper.ResumableOptunaSweeper"
 #: The settings of a search that a continued search may change: how many trials in all, and at once.
@@ -364,7 +375,7 @@ def check_sweep_dir(sweep_dir: Path, overrides: Sequence[str], resume: bool, swe
     with hold_sweep(sweep_dir):  # another command running this sweep now holds it (the launcher's lock)
         pass
     elsewhere = "Start it in another directory (hydra.sweep.dir=<new folder>, or leave it unset)."
-    if sweeper["_target_"] not in (BASIC_SWEEPER, SEARCH_SWEEPER):
+    if sweeper["_target_"] not in (basic_sweeper(), SEARCH_SWEEPER):
         name = sweeper["_target_"].rsplit(".", 1)[-1]
         raise ConfigValueError(
             f"hydra.sweep.dir={sweep_dir} already holds a sweep, and a search by {name} cannot be continued: its "
@@ -389,7 +400,7 @@ def check_sweep_dir(sweep_dir: Path, overrides: Sequence[str], resume: bool, swe
             raise _another_sweep(sweep_dir, _differing(overrides, saved_overrides), record)
         return
     if sweeper["_target_"] != saved_sweeper["_target_"]:
-        kinds = {BASIC_SWEEPER: "a sweep of the values given", SEARCH_SWEEPER: "a search by Optuna"}
+        kinds = {basic_sweeper(): "a sweep of the values given", SEARCH_SWEEPER: "a search by Optuna"}
         theirs = kinds.get(saved_sweeper["_target_"], saved_sweeper["_target_"])
         raise _another_sweep(sweep_dir, f"this command runs {kinds[sweeper['_target_']]}, that was {theirs}", record)
     # The same jobs in the same order (their numbers): the order of a job's own overrides does not matter.

@@ -1,7 +1,8 @@
 """The private APIs of Lightning, torch, OmegaConf and Hydra's Optuna plugin that the template
 relies on: the one module that touches them, so that an upgrade that changes one breaks here, and
-``tests/core/test_compat.py`` names it. No other module uses a private attribute of a library (that
-test scans ``src/`` for one).
+``tests/core/test_compat.py`` names it. No other module uses a private attribute of a library, or
+imports or names (a class path in a string) a private module of one: that test scans the engine's
+package, its Hydra plugins and the project's package for one, and fails on it.
 
 Known to work with torch 2.14.1, lightning 2.6.6, omegaconf 2.3.1, tensorboard 2.21.0,
 hydra-optuna-sweeper 1.3.0 and submitit 1.5.4 (read with ``pip show``; ``pyproject.toml`` points
@@ -83,7 +84,8 @@ OmegaConf
 Replaced by public APIs: ``OmegaConf.is_interpolation(node, key)`` for ``node._get_node(key)._is_interpolation()``,
 ``OmegaConf.to_container(node, resolve=False)`` for ``._value()``, ``node[key]`` for ``._get_node(key)``
 and ``._is_none()`` of a node that is no interpolation, MLflow's ``MlflowClient.tracking_uri`` for
-``MLFlowLogger._tracking_uri``; ``CSVLogger`` and ``LastCheckpoint`` keep what they read of Lightning's
+``MLFlowLogger._tracking_uri``, Hydra's ConfigStore entry ``hydra/sweeper/basic`` for the class path
+``hydra._internal.core_plugins.basic_sweeper.BasicSweeper`` (:func:`ddp_engine.config.checks.basic_sweeper`); ``CSVLogger`` and ``LastCheckpoint`` keep what they read of Lightning's
 ``_experiment`` and ``_train_time_interval`` themselves.
 
 Lightning and torch are imported inside the functions: the command line is checked before, with Hydra alone.
