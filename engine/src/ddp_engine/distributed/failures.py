@@ -7,10 +7,14 @@ torch's elastic agent (the template's supervisor, and torchrun) reports a failed
 import re
 import signal
 
+from ddp_engine.core.lifetime import STOP_SIGNALS
+
 #: How a collective or the process group's store reports its timeout (gloo: ``Timed out waiting
 #: 1800000ms for recv operation``; the TCP store: ``wait timeout after 1800000ms``).
 TIMEOUT_PATTERN = re.compile(r"timed out|timeout after|watchdog caught collective operation timeout", re.IGNORECASE)
 #: How a process's collective fails when another process of the job died: a consequence, not the cause.
+#: Read from the message because nothing else says it: gloo raises a plain ``RuntimeError``
+#: ("Connection closed by peer", torch 2.14), with no exception type or attribute of its own.
 PEER_LOST_PATTERN = re.compile(
     r"connection closed by peer|connection reset by peer|broken pipe|remote worker crashing|communicator was aborted",
     re.IGNORECASE,
@@ -33,17 +37,32 @@ def root_failure(failures: dict) -> tuple[int, object]:
     """
 
     def kind(failure: object) -> int:
-        description = describe_failure(failure)
-        if PEER_LOST_PATTERN.search(description):
+        if PEER_LOST_PATTERN.search(describe_failure(failure)):
             return 4
-        if re.match(r"killed by SIG(INT|TERM|HUP)\b", description):
+        if recorded_exception(failure):
+            return 0
+        if -failure.exitcode in STOP_SIGNALS:
             return 3
-        if re.match(r"stopped by SIG(INT|TERM|HUP)\b", description):
+        if failure.exitcode - 128 in STOP_SIGNALS:
             return 2
-        return 1 if description.startswith("killed by") else 0
+        return 1 if failure.exitcode < 0 else 0
 
     rank = min(failures, key=lambda rank: (kind(failures[rank]), failures[rank].timestamp, rank))
     return rank, failures[rank]
+
+
+def message_lines(failure) -> list[str]:
+    """The non-blank lines of a ``ProcessFailure``'s message: ``"<type>: <message>"`` as the worker
+    recorded it (omegaconf adds key details below the first), or torch's text when it recorded none."""
+    message = failure.message
+    if isinstance(message, dict):  # torch's ErrorHandler format: {"message": "...", "extraInfo": {...}}
+        message = message.get("message", "")
+    return [line for line in str(message).strip().splitlines() if line.strip()]
+
+
+def recorded_exception(failure) -> bool:
+    """Whether the worker recorded its exception (torch's ``@record``), which torch read back."""
+    return failure.error_file_data.get("message") != "<NONE>" and bool(message_lines(failure))
 
 
 def describe_failure(failure) -> str:
@@ -54,16 +73,12 @@ def describe_failure(failure) -> str:
     A recorded exception comes first, whatever the exit status: a worker that recorded its exception
     (torch's ``@record``) can still die by a signal on its way out (gloo's threads abort the process
     at interpreter exit after a failed collective: SIGABRT), and the exception is the cause."""
-    message = failure.message
-    if isinstance(message, dict):  # torch's ErrorHandler format: {"message": "...", "extraInfo": {...}}
-        message = message.get("message", "")
-    # "<type>: <message>" as recorded by the worker; its first line (omegaconf adds key details below).
-    lines = [line for line in str(message).strip().splitlines() if line.strip()]
-    if failure.error_file_data.get("message") != "<NONE>" and lines:  # torch read the worker's record
+    lines = message_lines(failure)
+    if recorded_exception(failure):
         return lines[0].strip()
     if failure.exitcode < 0:
         return f"killed by {failure.signal_name()} (exit status {failure.exitcode})"
-    if failure.exitcode - 128 in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a stop: ddp_engine.callbacks.signals
+    if failure.exitcode - 128 in STOP_SIGNALS:  # a stop: ddp_engine.callbacks.signals
         return f"stopped by {signal.Signals(failure.exitcode - 128).name} (exit status {failure.exitcode})"
     if not lines or "pytorch.org/docs/stable/elastic/errors" in lines[0]:
         return f"exited with status {failure.exitcode}"
