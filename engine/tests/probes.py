@@ -140,6 +140,20 @@ class PauseAfterStep(L.Callback):
             time.sleep(self.seconds)
 
 
+class PauseInTest(L.Callback):
+    """Global rank 0 writes ``marker`` (once) and sleeps ``seconds`` before every test batch, so that
+    a test can signal the run during its final test; not once the file ``release`` exists."""
+
+    def __init__(self, marker: str, release: str, seconds: float = 1.0) -> None:
+        self.marker, self.release, self.seconds = Path(marker), Path(release), seconds
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if trainer.global_rank == 0 and not self.release.exists():
+            if not self.marker.exists():
+                self.marker.write_text(str(time.time()))
+            time.sleep(self.seconds)
+
+
 class StallOnRank(L.Callback):
     """At optimizer step ``step``, global rank ``rank`` stops making progress (sleeps for an hour),
     as a deadlock in user code or a stuck data source would: the other ranks wait for it in their

@@ -36,7 +36,6 @@ SWEEP = (
     *DETERMINISTIC, "trainer.devices=1", "callbacks.last_checkpoint.train_time_interval=null",
     "callbacks.last_checkpoint.every_n_train_steps=5", "+callbacks.pause._target_=probes.PauseAfterStep",
     "+callbacks.pause.marker=${paths.output_dir}/paused", "+callbacks.pause.seconds=1",
-    "+callbacks.pause.step=1000,6,7",
 )  # fmt: skip
 CONTINUE = "Continue the sweep with the same command and hydra.sweep.dir="
 
@@ -71,9 +70,10 @@ def cores_of(job_dir: Path) -> dict[int, str]:
 class Sweep:
     """The sweep's command in ``tmp_path``: ``start`` it and ``stop`` it with SIGTERM once ``ready()``."""
 
-    def __init__(self, data_dir: Path, tmp_path: Path, *extra: str) -> None:
+    def __init__(self, data_dir: Path, tmp_path: Path, *extra: str, pause_steps: str = "1000,6,7") -> None:
         self.log_dir, self.dir, self.release = tmp_path / "logs", tmp_path / "logs" / "sweep", tmp_path / "release"
-        overrides = (f"data.data_dir={data_dir}", *SWEEP, f"+callbacks.pause.release={self.release}", *extra)
+        overrides = (f"data.data_dir={data_dir}", *SWEEP, f"+callbacks.pause.step={pause_steps}",
+                     f"+callbacks.pause.release={self.release}", *extra)  # fmt: skip
         self.command = cli_command("-m", *overrides, f"hydra.sweep.dir={self.dir}", log_dir=self.log_dir)
 
     def stop_when(self, ready) -> tuple[int, str]:
@@ -227,6 +227,36 @@ def test_a_parallel_sweep_stopped_while_its_jobs_check_their_command_lines_conti
     for job in ("0", "1"):
         assert f"#{job} stopped before its first checkpoint: starts again" in again.stdout, again.stdout[-3000:]
     assert sweep.summary() == [("0", "completed"), ("1", "completed"), ("2", "completed")]
+
+
+def test_a_parallel_sweep_stopped_in_its_jobs_final_test_continues_them(noisy_data_dir, tmp_path):
+    # SIGTERM while both jobs test their best checkpoint, their training done: each records itself
+    # stopped, and the same command resumes each from its last.ckpt, which holds the whole training,
+    # straight to the test.
+    test_pause = (
+        "+callbacks.test_pause._target_=probes.PauseInTest", "+callbacks.test_pause.marker=${paths.output_dir}/testing",
+        f"+callbacks.test_pause.release={tmp_path / 'release'}",
+    )  # fmt: skip
+    sweep = Sweep(noisy_data_dir, tmp_path, *test_pause, pause_steps="1000,1001")
+
+    def ready() -> bool:
+        return all((sweep.dir / job / "testing").exists() for job in ("0", "1"))
+
+    returncode, output = sweep.stop_when(ready)
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert processes_mentioning(str(sweep.log_dir)) == []
+    assert [status(sweep.dir / job) for job in "01"] == ["stopped", "stopped"], output[-3000:]
+    for job in "01":
+        assert torch.load(sweep.dir / job / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == STEPS
+
+    again = sweep.again()
+    for job in ("0", "1"):
+        assert f"#{job} resumes in place from" in again.stdout, again.stdout[-3000:]
+        metrics = json.loads((sweep.dir / job / "metrics.json").read_text())
+        assert metrics["status"] == "completed" and 0 < metrics["test/acc"] < 1, metrics
+    assert sweep.summary() == [("0", "resumed"), ("1", "resumed")]
+    for key, value in params(sweep.dir / "0").items():
+        assert torch.equal(params(sweep.dir / "1")[key], value), key
 
 
 def test_a_failing_job_among_parallel_jobs_ends_alone(noisy_data_dir, tmp_path):
