@@ -22,6 +22,7 @@ import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -38,6 +39,7 @@ from ddp_engine.core import compat
 from ddp_engine.distributed.checkpoint_io import at_optimizer_step_boundary
 from ddp_engine.distributed.footprint import ddp_bucket_bytes
 from ddp_engine.distributed.strategy import CommHookDDPStrategy
+from ddp_engine.models.step_logging import logs_this_step
 from hydra.plugins.sweeper import Sweeper
 from hydra.utils import get_class
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -281,6 +283,34 @@ def test_the_steps_whose_logged_values_are_written_are_those_compat_names(tmp_pa
     assert module.said == [step % 3 == 2 for step in range(10)], changed(private, "not every log_every_n_steps")
     said = [float(step) for step, written in enumerate(module.said) if written]
     assert logger.written == said, changed(private, f"values written at steps {logger.written}, not {said}")
+
+
+def test_without_lightnings_logging_rule_every_step_logs(monkeypatch, caplog):
+    # As a Lightning release may do: the Trainer's logger connector no longer has should_update_logs
+    # (Lightning itself reads its connector everywhere: it cannot be removed from a real Trainer).
+    # The training step (the classifier's, through ddp_engine.models.step_logging) then logs at every
+    # step, and the log says it once.
+    monkeypatch.setattr(compat, "_LOST", set())
+    monkeypatch.setattr(logging.getLogger(compat.__name__), "disabled", False)  # other tests' logging configs
+    trainer = SimpleNamespace(_logger_connector=None)
+    with caplog.at_level(logging.WARNING, logger=compat.__name__):
+        assert [logs_this_step(trainer) for _ in range(3)] == [True, True, True]
+    lost = [record.getMessage() for record in caplog.records if "missing or changed" in record.getMessage()]
+    assert len(lost) == 1 and lost[0].startswith("Trainer._logger_connector.should_update_logs is missing"), lost
+
+
+def test_the_projects_modules_use_no_private_api_through_compat():
+    # The classes a cloner copies (the LightningModule, DataModules, figures) reach the engine's
+    # public modules only: compat is the engine's own.
+    found = [
+        f"{path.relative_to(PROJECT_PACKAGE.parent)}:{node.lineno}"
+        for path in sorted(PROJECT_PACKAGE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module == "ddp_engine.core.compat" or (node.module == "ddp_engine.core" and any(
+            alias.name == "compat" for alias in node.names)))
+    ]  # fmt: skip
+    assert found == [], f"the project imports ddp_engine.core.compat: {found}"
 
 
 def test_ddp_is_built_from_the_strategys_ddp_kwargs(fit):
@@ -550,7 +580,8 @@ def test_the_declared_type_of_a_null_node_is_its_schemas():
 #: The engine's package, its Hydra plugins and the project's package: compat is the engine's, and no
 #: other module uses a private API.
 ENGINE = Path(ddp_engine.__file__).parent
-PACKAGES = (ENGINE, ENGINE.parent / "hydra_plugins", Path(mnist_ddp.__file__).parent)
+PROJECT_PACKAGE = Path(mnist_ddp.__file__).parent
+PACKAGES = (ENGINE, ENGINE.parent / "hydra_plugins", PROJECT_PACKAGE)
 COMPAT = Path(compat.__file__)
 #: Private names that are not a library's private API: os's, and Hydra's documented ``_target_`` key.
 ALLOWED = {("os", "_exit"), ("os", "_Environ"), (None, "_target_")}

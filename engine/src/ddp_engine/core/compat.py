@@ -151,9 +151,18 @@ def logs_this_step(trainer: "L.Trainer") -> bool:
     loggers: every ``trainer.log_every_n_steps`` optimizer steps (all micro-batches of that step),
     and at a stop; never with ``log_every_n_steps=0``.
 
-    Lightning's ``trainer._logger_connector.should_update_logs``, the rule its logger connector applies.
+    Lightning's ``trainer._logger_connector.should_update_logs``, the rule its logger connector
+    applies; True at every step, said once, where Lightning no longer has it (the step computes what
+    it logs every time, of which Lightning writes the same values as before).
     """
-    return trainer._logger_connector.should_update_logs
+    try:
+        return bool(trainer._logger_connector.should_update_logs)
+    except AttributeError:
+        _lost(
+            "Trainer._logger_connector.should_update_logs",
+            "the training step's logged values are computed at every step.",
+        )
+        return True
 
 
 def optuna_search(sweeper: Any) -> Any:
