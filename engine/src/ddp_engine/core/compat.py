@@ -84,9 +84,10 @@ OmegaConf
 Replaced by public APIs: ``OmegaConf.is_interpolation(node, key)`` for ``node._get_node(key)._is_interpolation()``,
 ``OmegaConf.to_container(node, resolve=False)`` for ``._value()``, ``node[key]`` for ``._get_node(key)``
 and ``._is_none()`` of a node that is no interpolation, MLflow's ``MlflowClient.tracking_uri`` for
-``MLFlowLogger._tracking_uri``, Hydra's ConfigStore entry ``hydra/sweeper/basic`` for the class path
-``hydra._internal.core_plugins.basic_sweeper.BasicSweeper`` (:func:`ddp_engine.config.checks.basic_sweeper`); ``CSVLogger`` and ``LastCheckpoint`` keep what they read of Lightning's
-``_experiment`` and ``_train_time_interval`` themselves.
+``MLFlowLogger._tracking_uri``, Hydra's ConfigStore entry ``hydra/sweeper/basic`` for the class
+path ``hydra._internal.core_plugins.basic_sweeper.BasicSweeper``
+(:func:`ddp_engine.config.checks.basic_sweeper`); ``CSVLogger`` and ``LastCheckpoint`` keep what
+they read of Lightning's ``_experiment`` and ``_train_time_interval`` themselves.
 
 Lightning and torch are imported inside the functions: the command line is checked before, with Hydra alone.
 """
