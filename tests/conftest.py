@@ -20,6 +20,7 @@ from helpers import (
     DETERMINISTIC,
     IDX_DATA,
     REPO,
+    TEMPLATE_TASK,
     TEST_SIZE,
     TRAIN_SIZE,
     VAL_SIZE,
@@ -150,7 +151,7 @@ def checkpoint(synthetic_data_dir, tmp_path_factory) -> Path:
     the synthetic data, saved by ``trainer.save_checkpoint``."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        overrides = [IDX_DATA, f"data.data_dir={synthetic_data_dir}", "data.val_size=200"]
+        overrides = [IDX_DATA, *TEMPLATE_TASK, f"data.data_dir={synthetic_data_dir}", "data.val_size=200"]
         cfg = compose(config_name="config", overrides=overrides)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,

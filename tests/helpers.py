@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import harness
@@ -104,6 +105,9 @@ def make_image_folder(
 #: every command line that sets its keys: a project whose ``conf/config.yaml`` defaults to a data set
 #: of its own passes the same tests.
 IDX_DATA = "data=mnist"
+#: The template's task and network, chosen on the command lines of the tests of them (with the data
+#: option): a project whose ``conf/config.yaml`` defaults to a task of its own passes the same tests.
+TEMPLATE_TASK = ("task=classification", "model=cnn")
 
 
 # The deterministic configuration of the equivalence and resume checks: no dropout, SGD with
@@ -115,7 +119,7 @@ TRAIN_SIZE, VAL_SIZE, TEST_SIZE, GLOBAL_BATCH, LR = 1008, 191, 301, 48, 0.05
 
 
 DETERMINISTIC = (
-    IDX_DATA, "trainer.accelerator=cpu", "trainer.max_epochs=2", f"data.val_size={VAL_SIZE}",
+    IDX_DATA, *TEMPLATE_TASK, "trainer.accelerator=cpu", "trainer.max_epochs=2", f"data.val_size={VAL_SIZE}",
     f"data.global_batch_size={GLOBAL_BATCH}", "model.net.dropout=0", "model.optimizer._target_=torch.optim.SGD",
     f"model.optimizer.lr={LR}", "+model.optimizer.momentum=0.9",
     "+callbacks.recorder._target_=probes.SampleRecorder", "+callbacks.recorder.out_dir=${paths.output_dir}/samples",
@@ -124,11 +128,19 @@ DETERMINISTIC = (
 
 def cli_command(*overrides: str, log_dir: Path, module: str = "mnist_ddp.train") -> list[str]:
     """:func:`harness.cli_command` of ``python -m mnist_ddp.train`` (or ``module``); a training that
-    chooses no data option and resumes no run in place gets :data:`IDX_DATA`."""
+    resumes no run in place gets :data:`IDX_DATA` and :data:`TEMPLATE_TASK`, each where it chooses
+    no option of that group itself."""
     keys = {arg.lstrip("+~").split("=", 1)[0] for arg in overrides if not arg.startswith("-")}
-    if module == "mnist_ddp.train" and not keys & {"data", "hydra.run.dir"}:
-        overrides = (IDX_DATA, *overrides)
+    if module == "mnist_ddp.train" and "hydra.run.dir" not in keys:
+        overrides = with_template_task(overrides)
     return harness.cli_command(module, *overrides, log_dir=log_dir)
+
+
+def with_template_task(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` after :data:`IDX_DATA` and :data:`TEMPLATE_TASK`, each where ``overrides`` choose
+    no option of its group (Hydra refuses two choices of one group)."""
+    keys = {arg.lstrip("+~").split("=", 1)[0] for arg in overrides if not arg.startswith("-")}
+    return [*(choice for choice in (IDX_DATA, *TEMPLATE_TASK) if choice.split("=")[0] not in keys), *overrides]
 
 
 def cli_env(**extra: str) -> dict[str, str]:

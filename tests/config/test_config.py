@@ -12,7 +12,7 @@ from ddp_engine.config.compose import composed_jobs, trainer_arguments, with_tra
 from ddp_engine.config.schema import register_configs
 from ddp_engine.core.errors import UsageError
 from ddp_engine.run.trainer import build_trainer
-from helpers import IDX_DATA
+from helpers import IDX_DATA, with_template_task
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -27,7 +27,7 @@ register_configs()
 
 def compose_config(*overrides: str):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=[IDX_DATA, *overrides])
+        return compose(config_name="config", overrides=with_template_task(overrides))
 
 
 def test_default_config_composes_every_group():
