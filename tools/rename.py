@@ -318,11 +318,17 @@ def main() -> None:
             path for path in project_files(args.root, clean=False) if path.suffix in {".py", ".pyi"}
             and any(name in (args.root / path).read_text(encoding="utf-8") for name in names)
         ]  # fmt: skip
+        before = {path: (args.root / path).read_bytes() for path in files}
         done, left = lay_out(args.root, files, names)
         if left:
             print(f"{done} Not done: {left}".strip(), file=sys.stderr)
+        elif not files:
+            print("No Python file names the project.")
+        elif all((args.root / path).read_bytes() == content for path, content in before.items()):
+            # make rename runs this after the rename, which has laid them out already where pre-commit ran.
+            print(f"The {len(files)} Python files that name the project are laid out already.")
         else:
-            print(done or "No Python file names the project.")
+            print(done)
         sys.exit(1 if left else 0)
     if args.name is None:
         parser.error("the new project name is required (or --layout)")
