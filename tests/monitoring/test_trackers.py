@@ -52,6 +52,8 @@ def test_the_logger_group_composes_several_trackers_each_under_its_own_key(tmp_p
         "keys to set; select it first: logger=mlflow, or logger=[tensorboard,mlflow] for both.",
         ("logger=[csv,nonexistent]",): "logger=nonexistent: no such option (available: csv, mlflow, tensorboard, "
         "wandb; yours go in conf/logger/).",
+        ("logger=tensorbord",): "logger=tensorbord: no such option (available: csv, mlflow, tensorboard, wandb; "
+        "yours go in conf/logger/). Did you mean logger=tensorboard?",
     }
     for overrides, message in refusals.items():
         with pytest.raises(UsageError) as error:

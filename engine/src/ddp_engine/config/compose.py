@@ -117,9 +117,11 @@ def _compose(config_name: str, overrides: list[str]) -> DictConfig:
         group, _, option = (error.missing_cfg_file or "").rpartition("/")
         # Hydra's own message lists the options for a single choice (logger=x), not for one inside a
         # list (logger=[csv,x]); group_options lists them for both.
+        options = group_options(group)
+        close = difflib.get_close_matches(option, options, n=1)
         raise UsageError(
-            f"{group}={option}: no such option (available: {', '.join(group_options(group))};"
-            f" yours go in conf/{group}/)."
+            f"{group}={option}: no such option (available: {', '.join(options)}; yours go in conf/{group}/)."
+            + (f" Did you mean {group}={close[0]}?" if close else "")
         ) from None
     except (ConfigCompositionException, HydraException, OmegaConfBaseException) as error:
         raise UsageError(_describe(error, _with_choices(config_name, overrides))) from None
