@@ -210,10 +210,10 @@ def test_a_parallel_sweep_runs_each_job_on_its_own_core_and_continues_after_a_st
 
 @pytest.mark.parametrize("phase", ["checks", "start"])
 def test_a_parallel_sweep_stopped_before_its_jobs_train_continues_them(noisy_data_dir, tmp_path, phase):
-    # SIGTERM while both jobs' commands check their values (started, no config written yet: each
+    # SIGTERM while the first two jobs' commands check their values (started, no config written yet: each
     # command ends with status 143 before its run records anything), or as they start their
     # processes (the run's config just written); the sweep records them stopped either way.
-    sweep = Sweep(noisy_data_dir, tmp_path, pause_steps="1000,1001")
+    sweep = Sweep(noisy_data_dir, tmp_path)
 
     def ready() -> bool:
         started = all(processes_mentioning(str(sweep.dir / job)) for job in ("0", "1"))
@@ -225,11 +225,12 @@ def test_a_parallel_sweep_stopped_before_its_jobs_train_continues_them(noisy_dat
     assert processes_mentioning(str(sweep.log_dir)) == []
     assert [status(sweep.dir / job) for job in "01"] == ["stopped", "stopped"], output[-3000:]
     assert not any((sweep.dir / job / "checkpoints" / "last.ckpt").exists() for job in "01"), "stopped before training"
+    assert not (sweep.dir / "2").exists(), "job 2 never started"
 
     again = sweep.again()
     for job in ("0", "1"):
         assert f"#{job} stopped before its first checkpoint: starts again" in again.stdout, again.stdout[-3000:]
-    assert sweep.summary() == [("0", "completed"), ("1", "completed")]
+    assert sweep.summary() == [("0", "completed"), ("1", "completed"), ("2", "completed")]
 
 
 def test_a_parallel_sweep_stopped_in_its_jobs_final_test_continues_them(noisy_data_dir, tmp_path):
