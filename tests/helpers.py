@@ -130,8 +130,7 @@ def cli_command(*overrides: str, log_dir: Path, module: str = "mnist_ddp.train")
     """:func:`harness.cli_command` of ``python -m mnist_ddp.train`` (or ``module``); a training that
     resumes no run in place gets :data:`IDX_DATA` and :data:`TEMPLATE_TASK`, each where it chooses
     no option of that group itself."""
-    keys = {arg.lstrip("+~").split("=", 1)[0] for arg in overrides if not arg.startswith("-")}
-    if module == "mnist_ddp.train" and "hydra.run.dir" not in keys:
+    if module == "mnist_ddp.train" and "hydra.run.dir" not in override_keys(overrides):
         overrides = with_template_task(overrides)
     return harness.cli_command(module, *overrides, log_dir=log_dir)
 
@@ -139,8 +138,13 @@ def cli_command(*overrides: str, log_dir: Path, module: str = "mnist_ddp.train")
 def with_template_task(overrides: Sequence[str]) -> list[str]:
     """``overrides`` after :data:`IDX_DATA` and :data:`TEMPLATE_TASK`, each where ``overrides`` choose
     no option of its group (Hydra refuses two choices of one group)."""
-    keys = {arg.lstrip("+~").split("=", 1)[0] for arg in overrides if not arg.startswith("-")}
+    keys = override_keys(overrides)
     return [*(choice for choice in (IDX_DATA, *TEMPLATE_TASK) if choice.split("=")[0] not in keys), *overrides]
+
+
+def override_keys(overrides: Sequence[str]) -> set[str]:
+    """The keys and groups that ``overrides`` set (``data``, ``model.net.dropout``), flags left out."""
+    return {arg.lstrip("+~").split("=", 1)[0] for arg in overrides if not arg.startswith("-")}
 
 
 def cli_env(**extra: str) -> dict[str, str]:
