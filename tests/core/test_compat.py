@@ -67,7 +67,7 @@ BUCKET_CAP_MB = 2
 
 def changed(private: str, what: str) -> str:
     """The message of a failed check: the library's behaviour behind ``private`` changed."""
-    return f"{private}: the library's behaviour changed ({what}); update mnist_ddp/core/compat.py"
+    return f"{private}: the library's behaviour changed ({what}); update ddp_engine/core/compat.py"
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ class Fit:
     recorder: Recorder
     epoch_end: ModelCheckpoint
     save_now: ModelCheckpoint
-    hook_calls: dict[str, int]
+    configure_ddp_calls: int
 
 
 @pytest.fixture(scope="module")
@@ -150,8 +150,8 @@ def fit(process_group, tmp_path_factory) -> Fit:
     compat.also_save_at_epoch_end(epoch_end)
     save_now = ModelCheckpoint(dirpath=root / "now", filename="now", every_n_train_steps=999)
     recorder = Recorder(save_now)
-    strategy = CommHookDDPStrategy(comm_hook="fp16")  # Lightning's own registers no hook on CPU
-    compat.ddp_kwargs(strategy)["bucket_cap_mb"] = BUCKET_CAP_MB
+    # Lightning's own strategy registers no hook on CPU.
+    strategy = CommHookDDPStrategy(comm_hook="fp16", bucket_cap_mb=BUCKET_CAP_MB)
     trainer = L.Trainer(
         accelerator="cpu", devices=1, strategy=strategy, max_epochs=EPOCHS, accumulate_grad_batches=ACCUMULATE,
         callbacks=[recorder, epoch_end, save_now], logger=False, enable_progress_bar=False,
@@ -159,23 +159,16 @@ def fit(process_group, tmp_path_factory) -> Fit:
     )  # fmt: skip
     module = Tiny()
     loader = StatefulLoader(TensorDataset(torch.randn(2 * BATCHES, 4)), batch_size=2)
-    hooks = {name: getattr(CommHookDDPStrategy, name) for name in ("_setup_model", "_register_ddp_hooks")}
     environ = dict(os.environ)  # Lightning's launcher exports the rendezvous variables into this process
     try:
-        with (
-            mock.patch.object(
-                CommHookDDPStrategy, "_setup_model", autospec=True, side_effect=hooks["_setup_model"]
-            ) as setup_model,
-            mock.patch.object(
-                CommHookDDPStrategy, "_register_ddp_hooks", autospec=True, side_effect=hooks["_register_ddp_hooks"]
-            ) as register_hooks,
-        ):
+        with mock.patch.object(
+            CommHookDDPStrategy, "configure_ddp", autospec=True, side_effect=CommHookDDPStrategy.configure_ddp
+        ) as configure_ddp:
             trainer.fit(module, train_dataloaders=loader)
     finally:
         os.environ.clear()
         os.environ.update(environ)
-    calls = {"_setup_model": setup_model.call_count, "_register_ddp_hooks": register_hooks.call_count}
-    return Fit(trainer, module, recorder, epoch_end, save_now, calls)
+    return Fit(trainer, module, recorder, epoch_end, save_now, configure_ddp.call_count)
 
 
 # --- Lightning ------------------------------------------------------------------------------------
@@ -313,13 +306,6 @@ def test_the_projects_modules_use_no_private_api_through_compat():
     assert found == [], f"the project imports ddp_engine.core.compat: {found}"
 
 
-def test_ddp_is_built_from_the_strategys_ddp_kwargs(fit):
-    assert isinstance(fit.recorder.ddp, DistributedDataParallel)
-    assert fit.recorder.ddp.bucket_bytes_cap == BUCKET_CAP_MB * 2**20, changed(
-        "DDPStrategy._ddp_kwargs", "a change made after the constructor does not reach DistributedDataParallel"
-    )
-
-
 def template_classes() -> list[type]:
     """Every class defined in the modules of the engine and of the project."""
     found = []
@@ -336,24 +322,11 @@ def parameters(function: Any) -> list[tuple[str, Any]]:
     return [(parameter.name, parameter.kind) for parameter in inspect.signature(function).parameters.values()]
 
 
-def test_the_private_hooks_the_template_overrides_are_still_called_with_the_overrides_signature(fit):
-    classes = template_classes()
-    for base_path, names in compat.PRIVATE_HOOKS.items():
-        module, _, name = base_path.rpartition(".")
-        base = getattr(importlib.import_module(module), name)
-        for hook in names:
-            private = f"{base_path}.{hook}"
-            assert callable(getattr(base, hook, None)), changed(private, "gone")
-            overrides = [cls for cls in classes if issubclass(cls, base) and hook in vars(cls)]
-            assert overrides, f"{private} is listed in compat.PRIVATE_HOOKS, and no class of the template overrides it"
-            for cls in overrides:
-                assert parameters(getattr(cls, hook)) == parameters(getattr(base, hook)), changed(
-                    private, f"its signature is now {inspect.signature(getattr(base, hook))}, {cls.__name__}'s is not"
-                )
-    # Lightning calls them while it fits, once each; the hook registered on CPU shows the override ran.
-    assert fit.hook_calls == {"_setup_model": 1, "_register_ddp_hooks": 1}, changed(
-        "DDPStrategy._setup_model, _register_ddp_hooks", f"called {fit.hook_calls} times in a fit"
-    )
+def test_the_strategy_wraps_the_model_once_with_its_ddp_options_and_hook(fit):
+    # DDPStrategy.configure_ddp, public, is where the strategy wraps the model; Lightning calls it once a fit.
+    assert fit.configure_ddp_calls == 1
+    assert isinstance(fit.recorder.ddp, DistributedDataParallel)
+    assert fit.recorder.ddp.bucket_bytes_cap == BUCKET_CAP_MB * 2**20
     assert fit.recorder.logging_data.get("comm_hook") == "fp16_compress_hook"
 
 
@@ -595,10 +568,6 @@ def private(name: str) -> bool:
     return name.startswith("_") and not name.endswith("__")
 
 
-def hook_names() -> set[str]:
-    return {name for names in compat.PRIVATE_HOOKS.values() for name in names}
-
-
 def private_uses(tree: ast.AST) -> list[tuple[int, str]]:
     """``(line, what)`` of each use of a private API in ``tree``, outside ``self`` and ``cls``."""
     found = []
@@ -606,13 +575,10 @@ def private_uses(tree: ast.AST) -> list[tuple[int, str]]:
         if isinstance(node, ast.Attribute):
             receiver = node.value
             owner = receiver.id if isinstance(receiver, ast.Name) else None
-            is_super = isinstance(receiver, ast.Call) and getattr(receiver.func, "id", None) == "super"
             if node.attr in LOOP_INTERNALS:
                 found.append((node.lineno, f".{node.attr} (Lightning's loops)"))
             elif not private(node.attr) or owner in ("self", "cls"):
                 continue
-            elif is_super and node.attr in hook_names():
-                continue  # an override of compat.PRIVATE_HOOKS calling the base's
             elif (owner, node.attr) not in ALLOWED and (None, node.attr) not in ALLOWED:
                 found.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "setattr", "hasattr"):
@@ -689,7 +655,7 @@ def library(cls: type) -> bool:
 def test_subclasses_of_library_classes_touch_no_private_name_of_theirs():
     found = []
     for cls in template_classes():
-        taken = set().union(*(library_names(base) for base in cls.__mro__[1:] if library(base))) - hook_names()
+        taken = set().union(*(library_names(base) for base in cls.__mro__[1:] if library(base)))
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.Attribute):
@@ -698,7 +664,7 @@ def test_subclasses_of_library_classes_touch_no_private_name_of_theirs():
                     found.append(f"{cls.__module__}.{cls.__qualname__}: {name} (line {node.lineno} of the class)")
     assert not found, (
         "private names of a library's base class, used or overridden by a subclass (go through "
-        "mnist_ddp/core/compat.py, or list an overridden hook in compat.PRIVATE_HOOKS):\n" + "\n".join(found)
+        "ddp_engine/core/compat.py):\n" + "\n".join(found)
     )
 
 

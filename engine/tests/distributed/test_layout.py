@@ -104,6 +104,7 @@ def test_bad_lr_scaling_is_refused():
         ({"bucket_cap_mb": -1}, r"strategy.bucket_cap_mb=-1 must be a positive size in MiB \(torch's default: 25\)"),
         ({"bucket_cap_mb": 0}, "strategy.bucket_cap_mb=0 must be a positive size"),
         ({"comm_hook": "fp16", "process_group_backend": "mpi"}, "supported here on the gloo and nccl backends"),
+        ({"ddp_comm_hook": print}, "strategy.ddp_comm_hook: this strategy registers its hook by name"),
     ],
 )
 def test_bad_communication_hook_settings_are_refused(kwargs, message):
@@ -114,10 +115,10 @@ def test_bad_communication_hook_settings_are_refused(kwargs, message):
 def test_communication_hook_settings_are_kept():
     strategy = CommHookDDPStrategy(comm_hook="powersgd", powersgd_rank=4, powersgd_start_iter=100, bucket_cap_mb=5)
     assert (strategy.comm_hook, strategy.powersgd_rank, strategy.powersgd_start_iter) == (CommHook.powersgd, 4, 100)
-    assert strategy._ddp_kwargs == {"bucket_cap_mb": 5}  # DistributedDataParallel's own options pass through
+    assert strategy.ddp_options == {"bucket_cap_mb": 5}  # DistributedDataParallel's own options pass through
 
 
 def test_broadcast_buffers_reaches_ddp_under_the_name_this_torch_uses():
     strategy = CommHookDDPStrategy(broadcast_buffers=False)
     renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-    assert strategy._ddp_kwargs == ({"forward_sync_buffers": False} if renamed else {"broadcast_buffers": False})
+    assert strategy.ddp_options == ({"forward_sync_buffers": False} if renamed else {"broadcast_buffers": False})

@@ -22,11 +22,6 @@ Lightning
       takes one trigger, and the ``every_n_epochs`` property has no setter.
     - ``ModelCheckpoint._save_topk_checkpoint`` and ``_monitor_candidates`` (:func:`save_checkpoint_now`):
       no public method saves a callback's checkpoint outside its own triggers.
-    - ``DDPStrategy._ddp_kwargs`` (:func:`ddp_kwargs`): the ``DistributedDataParallel`` arguments,
-      taken by the constructor, with no accessor.
-    - ``DDPStrategy._setup_model`` and ``_register_ddp_hooks``, overridden by
-      :class:`~ddp_engine.distributed.strategy.CommHookDDPStrategy` (:data:`PRIVATE_HOOKS`): the only
-      places to change how the model is wrapped and which communication hook is registered.
     - The checkpoint's ``loops`` -> ``fit_loop`` -> ``state_dict`` -> ``combined_loader``
       (:func:`saved_loader_states`): where Lightning saves the training loaders' state; its
       checkpoint format documents the top-level keys only.
@@ -100,19 +95,11 @@ if TYPE_CHECKING:
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.strategies import DDPStrategy
     from omegaconf import DictConfig
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.tensorboard import SummaryWriter
     from torch.utils.tensorboard.writer import FileWriter
-
-#: The private methods of library classes that the template's subclasses override, by base class
-#: (import path): the subclass must define the method itself. The test checks each one is still
-#: there, with the signature of the override.
-PRIVATE_HOOKS: dict[str, tuple[str, ...]] = {
-    "lightning.pytorch.strategies.DDPStrategy": ("_setup_model", "_register_ddp_hooks"),
-}
 
 log = logging.getLogger(__name__)
 #: The private APIs found missing or changed in this process, each reported once (:func:`_lost`).
@@ -214,15 +201,6 @@ def save_checkpoint_now(checkpoint: "ModelCheckpoint", trainer: "L.Trainer") -> 
     ``ModelCheckpoint._save_topk_checkpoint(trainer, ModelCheckpoint._monitor_candidates(trainer))``.
     """
     checkpoint._save_topk_checkpoint(trainer, checkpoint._monitor_candidates(trainer))
-
-
-def ddp_kwargs(strategy: "DDPStrategy") -> dict[str, Any]:
-    """The keyword arguments ``strategy`` builds ``DistributedDataParallel`` with: the dict itself,
-    so that a change before the model is wrapped reaches DDP.
-
-    Lightning's ``DDPStrategy._ddp_kwargs`` (what its constructor did not take for itself).
-    """
-    return strategy._ddp_kwargs
 
 
 def saved_loader_states(checkpoint: dict) -> list | None:

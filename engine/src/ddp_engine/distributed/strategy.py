@@ -13,9 +13,11 @@ optimizer state of its share of the parameters only.
 
 import inspect
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import lightning as L
+import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -24,7 +26,7 @@ from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from ddp_engine.core.compat import ddp_kwargs, release_consolidated_state
+from ddp_engine.core.compat import release_consolidated_state
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.distributed.options import CommHook
 from ddp_engine.distributed.zero import drop_duplicate_state, shard_optimizer
@@ -32,6 +34,8 @@ from ddp_engine.distributed.zero import drop_duplicate_state, shard_optimizer
 #: Backends on which every hook below has been run by this project's tests (gloo) or is
 #: documented by torch (nccl). Other backends are refused when a hook is configured.
 HOOK_BACKENDS = ("gloo", "nccl")
+#: The arguments ``DDPStrategy`` takes for itself; it passes the others to ``DistributedDataParallel``.
+DDP_STRATEGY_ARGUMENTS = frozenset(inspect.signature(DDPStrategy.__init__).parameters) - {"self", "kwargs"}
 
 
 class CommHookDDPStrategy(DDPStrategy):
@@ -58,7 +62,8 @@ class CommHookDDPStrategy(DDPStrategy):
 
     Raises:
         ConfigValueError: for an unknown hook name, ``bucket_cap_mb <= 0``, ``powersgd_rank < 1``,
-            ``powersgd_start_iter < 2``, or a hook with a forced backend other than gloo or nccl.
+            ``powersgd_start_iter < 2``, a hook with a forced backend other than gloo or nccl, or
+            Lightning's own hook arguments (``ddp_comm_hook``, ``ddp_comm_state``, ``ddp_comm_wrapper``).
     """
 
     def __init__(
@@ -76,7 +81,16 @@ class CommHookDDPStrategy(DDPStrategy):
             and "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
         ):
             kwargs["forward_sync_buffers"] = kwargs.pop("broadcast_buffers")
+        lightnings_hook = [key for key in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper") if key in kwargs]
+        if lightnings_hook:  # registered by the configure_ddp of DDPStrategy, which this one replaces
+            raise ConfigValueError(
+                f"strategy.{lightnings_hook[0]}: this strategy registers its hook by name; use strategy.comm_hook "
+                "(none, fp16, bf16, powersgd)."
+            )
         super().__init__(**kwargs)
+        #: ``DistributedDataParallel``'s keyword arguments: those ``DDPStrategy`` does not name (as it
+        #: sorts them itself), kept here because it has no public accessor for them.
+        self.ddp_options = {key: value for key, value in kwargs.items() if key not in DDP_STRATEGY_ARGUMENTS}
         try:
             self.comm_hook = CommHook(comm_hook)
         except ValueError:
@@ -128,10 +142,18 @@ class CommHookDDPStrategy(DDPStrategy):
             if isinstance(optimizer, ZeroRedundancyOptimizer):
                 release_consolidated_state(optimizer)
 
-    # _setup_model and _register_ddp_hooks are private hooks of DDPStrategy, listed in
-    # ddp_engine.core.compat.PRIVATE_HOOKS (whose test checks that Lightning still calls them so).
     @override
-    def _setup_model(self, model: Module) -> DistributedDataParallel:
+    def configure_ddp(self) -> None:
+        """Wrap the LightningModule in ``DistributedDataParallel`` and register the communication
+        hook: Lightning's, which registers one only on CUDA, with a hook on CPU too."""
+        self.model = self.wrap_model(self.model)
+        self.register_comm_hook()
+
+    def wrap_model(self, model: Module) -> DistributedDataParallel:
+        """``model`` wrapped in ``DistributedDataParallel`` with :attr:`ddp_options`, as Lightning's
+        strategy wraps it: on a side CUDA stream on GPUs (https://pytorch.org/docs/stable/notes/cuda.html#id5)."""
+        device_ids = self.determine_ddp_device_ids()
+        options = dict(self.ddp_options)
         if dist.get_debug_level() == dist.DebugLevel.DETAIL and dist.get_backend() == "gloo":
             # debug=ddp (TORCH_DISTRIBUTED_DEBUG=DETAIL) wraps the process group in torch's
             # collective checker, and DistributedDataParallel's constructor crashes (SIGSEGV, torch
@@ -141,14 +163,15 @@ class CommHookDDPStrategy(DDPStrategy):
             level = dist.get_debug_level()
             dist.set_debug_level(dist.DebugLevel.INFO)  # new groups are wrapped only under DETAIL
             try:
-                ddp_kwargs(self)["process_group"] = dist.new_group(backend="gloo")
+                options["process_group"] = dist.new_group(backend="gloo")
             finally:
                 dist.set_debug_level(level)
-        return super()._setup_model(model)
+        stream = torch.cuda.stream(torch.cuda.Stream()) if device_ids is not None else nullcontext()
+        with stream:
+            return DistributedDataParallel(module=model, device_ids=device_ids, **options)
 
-    @override
-    def _register_ddp_hooks(self) -> None:
-        # Replaces Lightning's version, which registers hooks only when root_device is CUDA.
+    def register_comm_hook(self) -> None:
+        """Register :attr:`comm_hook` on the wrapped model (none: DDP's plain AllReduce)."""
         if self.comm_hook is CommHook.none:
             return
         if self.comm_hook is CommHook.powersgd:
