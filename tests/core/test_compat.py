@@ -46,6 +46,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
+from private_api import hidden_private_api
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -125,7 +126,7 @@ class Recorder(L.Callback):
         self.logging_data = compat.ddp_logging_data(trainer.strategy.model)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        boundary = at_optimizer_step_boundary(trainer)
+        boundary = at_optimizer_step_boundary(trainer, batch_idx)
         self.batches.append((batch_idx, compat.epoch_batches_processed(trainer), boundary, trainer.global_step))
         if boundary and self.saved_at is None:
             compat.save_checkpoint_now(self.save_now, trainer)
@@ -388,6 +389,8 @@ def test_without_ddps_logging_data_a_fit_completes_and_its_reports_say_what_is_m
     # log says once what was lost.
     monkeypatch.delattr(DistributedDataParallel, "_set_ddp_runtime_logging_sample_rate")
     monkeypatch.setattr(DistributedDataParallel, "_get_ddp_logging_data", lambda self: {})
+    # And the process group's timeout is nowhere compat can read it (hidden from its accessor).
+    monkeypatch.setattr(compat, "_private", hidden_private_api(compat._private, {"_timeout"}))
     monkeypatch.setattr(compat, "_LOST", set())
     monkeypatch.setattr(logging.getLogger(compat.__name__), "disabled", False)  # other tests' logging configs
     monkeypatch.setattr(rank_zero_only, "rank", 0)
@@ -413,6 +416,7 @@ def test_without_ddps_logging_data_a_fit_completes_and_its_reports_say_what_is_m
     assert trainer.global_step == 6 and trainer.state.finished
     saved = json.loads(report.read_text())
     assert saved["backend"] == "gloo" and saved["world_size"] == 1 and saved["sync_batchnorm"] is False
+    assert saved["timeout_s"] is None
     assert saved["comm_hook"] is None and saved["bucket_sizes_bytes"] is None
     assert saved["allreduce_bytes_per_step"] is None and saved["allreduce_sent_bytes_per_rank"] is None
     parameter_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
@@ -420,6 +424,7 @@ def test_without_ddps_logging_data_a_fit_completes_and_its_reports_say_what_is_m
     assert "step_anatomy_ms" not in saved  # no DDP timings: no window, and no made-up figure
     lost = [record.getMessage() for record in caplog.records if "missing or changed" in record.getMessage()]
     assert sorted(message.split(" is missing")[0] for message in lost) == [
+        "Backend.Options._timeout",
         "DistributedDataParallel._get_ddp_logging_data",
         "DistributedDataParallel._set_ddp_runtime_logging_sample_rate",
     ], lost  # each once

@@ -74,7 +74,7 @@ class DDPSettingsReport(L.Callback):
         settings = {
             "backend": dist.get_backend(),
             "world_size": dist.get_world_size(),
-            "timeout_s": timeout.total_seconds(),
+            "timeout_s": timeout.total_seconds() if timeout is not None else None,
             "master_port": int(os.environ["MASTER_PORT"]),
             "comm_hook": (data.get("comm_hook") or "none") if data else None,
             "find_unused_parameters": ddp.find_unused_parameters,

@@ -266,10 +266,10 @@ class RequeueOnSlurmSignal(L.Callback):
         return next((callback for callback in trainer.callbacks if isinstance(callback, LastCheckpoint)), None)
 
     @override
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args, **kwargs) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         if self.signal is None:
             return
-        if not at_optimizer_step_boundary(trainer):
+        if not at_optimizer_step_boundary(trainer, batch_idx):
             return  # between accumulated micro-batches, whose gradients no checkpoint holds
         if not trainer.strategy.broadcast(self.received):
             return

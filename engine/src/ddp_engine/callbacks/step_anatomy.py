@@ -116,7 +116,7 @@ class StepAnatomy(L.Callback):
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        if not at_optimizer_step_boundary(trainer) or not self._steps:
+        if not at_optimizer_step_boundary(trainer, batch_idx) or not self._steps:
             return
         self._iteration += 1
         # The next step's data wait starts here: synchronized when DDP times the next step.

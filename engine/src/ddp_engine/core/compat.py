@@ -106,6 +106,27 @@ log = logging.getLogger(__name__)
 _LOST: set[str] = set()
 
 
+def _private(owner: Any, name: str) -> Any:
+    """``owner``'s private attribute ``name``: every private name of a library that this module
+    reads or replaces goes through here (ruff's SLF001 refuses ``owner._name`` in the engine), so
+    that a test can make any one missing, as a release that renames it would.
+
+    Raises:
+        AttributeError: when ``owner`` has no ``name``.
+    """
+    return getattr(owner, name)
+
+
+def _replace(owner: Any, name: str, value: Any) -> None:
+    """Set ``owner``'s private attribute ``name``, which must exist (:func:`_private`), to ``value``.
+
+    Raises:
+        AttributeError: when ``owner`` has no ``name``: setting it would change nothing the library reads.
+    """
+    _private(owner, name)
+    setattr(owner, name, value)
+
+
 def _lost(private: str, loss: str) -> None:
     """Say once per process that ``private`` is missing or changed in the installed library, and
     what the run does without it (``loss``): the run goes on."""
@@ -114,14 +135,51 @@ def _lost(private: str, loss: str) -> None:
         log.warning(f"{private} is missing or changed in the installed version: {loss}")
 
 
+def _epoch_loop(trainer: "L.Trainer") -> Any:
+    """Lightning's private training epoch loop (``_TrainingEpochLoop``) of ``trainer``'s fit loop."""
+    return trainer.fit_loop.epoch_loop
+
+
+def _epoch_progress(trainer: "L.Trainer") -> Any:
+    """The epoch loop's count of the current epoch's batches (``batch_progress.current``: ``ready``, ``processed``).
+
+    Raises:
+        AttributeError: where Lightning no longer keeps it there.
+    """
+    return _private(_epoch_loop(trainer), "batch_progress").current
+
+
 def epoch_batches_processed(trainer: "L.Trainer") -> int:
     """The batches of the current training epoch whose training step has run on this rank, those
     before a resume included (Lightning restores the count from the checkpoint); in
     ``on_train_batch_end``, the batch that just trained is counted.
 
-    Lightning's ``trainer.fit_loop.epoch_loop.batch_progress.current.processed``.
+    Lightning's ``trainer.fit_loop.epoch_loop.batch_progress.current.processed``. Where Lightning
+    no longer has it (said once), the count is worked out from public counters
+    (:func:`batches_from_optimizer_steps`): exact at optimizer-step boundaries, where checkpoints
+    are saved, while every epoch so far had this epoch's number of batches.
     """
-    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+    try:
+        return int(_epoch_progress(trainer).processed)
+    except AttributeError:
+        _lost(
+            "Trainer.fit_loop.epoch_loop.batch_progress",
+            "the position inside an epoch is counted from the optimizer steps (exact while every epoch "
+            "has as many batches as this one: keep trainer.limit_train_batches across a resume).",
+        )
+        return batches_from_optimizer_steps(trainer)
+
+
+def batches_from_optimizer_steps(trainer: "L.Trainer") -> int:
+    """The batches of the current epoch up to its latest optimizer step, from the Trainer's public
+    counters: ``global_step`` less the steps of the epochs before (each ``ceil(num_training_batches
+    / accumulate_grad_batches)``: Lightning steps at an epoch's last batch), times
+    ``accumulate_grad_batches``, at most ``num_training_batches``. Exact at an optimizer-step
+    boundary when every epoch had ``num_training_batches`` batches."""
+    batches, accumulate = int(trainer.num_training_batches), trainer.accumulate_grad_batches
+    steps_per_epoch = -(-batches // accumulate)
+    steps = trainer.global_step - trainer.current_epoch * steps_per_epoch
+    return max(0, min(batches, steps * accumulate))
 
 
 def epoch_batches_ready(trainer: "L.Trainer") -> int:
@@ -129,9 +187,13 @@ def epoch_batches_ready(trainer: "L.Trainer") -> int:
     batch's index in the epoch, in ``on_after_batch_transfer`` (Lightning counts a batch once the
     hook has returned).
 
-    Lightning's ``trainer.fit_loop.epoch_loop.batch_progress.current.ready``.
+    Lightning's ``trainer.fit_loop.epoch_loop.batch_progress.current.ready``; where it is gone (said
+    once), :func:`epoch_batches_processed`'s fallback, the same number at an optimizer-step boundary.
     """
-    return trainer.fit_loop.epoch_loop.batch_progress.current.ready
+    try:
+        return int(_epoch_progress(trainer).ready)
+    except AttributeError:
+        return epoch_batches_processed(trainer)
 
 
 def logs_this_step(trainer: "L.Trainer") -> bool:
@@ -144,7 +206,7 @@ def logs_this_step(trainer: "L.Trainer") -> bool:
     it logs every time, of which Lightning writes the same values as before).
     """
     try:
-        return bool(trainer._logger_connector.should_update_logs)
+        return bool(_private(trainer, "_logger_connector").should_update_logs)
     except AttributeError:
         _lost(
             "Trainer._logger_connector.should_update_logs",
@@ -176,10 +238,14 @@ def skip_sigterm_broadcast(trainer: "L.Trainer") -> bool:
     ``_TrainingEpochLoop._broadcast_sigterm_tensor`` on the loop instance, which the loop calls
     through ``self`` at each step.
     """
-    epoch_loop = trainer.fit_loop.epoch_loop
-    if not hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+    try:
+        _replace(_epoch_loop(trainer), "_broadcast_sigterm_tensor", _no_broadcast)
+    except AttributeError:
+        _lost(
+            "_TrainingEpochLoop._broadcast_sigterm_tensor",
+            "if the training loop still broadcasts Lightning's SIGTERM flag, it does so at every step.",
+        )
         return False
-    epoch_loop._broadcast_sigterm_tensor = _no_broadcast
     return True
 
 
@@ -188,9 +254,19 @@ def also_save_at_epoch_end(checkpoint: "ModelCheckpoint") -> None:
     ``train_time_interval``), also save at the end of every epoch.
 
     ``ModelCheckpoint``'s constructor refuses two triggers and its ``every_n_epochs`` property has
-    no setter: this sets Lightning's ``ModelCheckpoint._every_n_epochs``, which its epoch-end hooks read.
+    no setter: this sets Lightning's ``ModelCheckpoint._every_n_epochs``, which its epoch-end hooks
+    read. Where the property no longer reads it back (said once), the checkpoint keeps its one
+    trigger: a resume after an epoch's end continues from the last save inside the epoch.
     """
-    checkpoint._every_n_epochs = 1
+    try:
+        _replace(checkpoint, "_every_n_epochs", 1)
+    except AttributeError:
+        pass
+    if getattr(checkpoint, "every_n_epochs", None) != 1:
+        _lost(
+            "ModelCheckpoint._every_n_epochs",
+            "last.ckpt is saved inside epochs only, not also at each epoch's end.",
+        )
 
 
 def save_checkpoint_now(checkpoint: "ModelCheckpoint", trainer: "L.Trainer") -> None:
@@ -198,9 +274,24 @@ def save_checkpoint_now(checkpoint: "ModelCheckpoint", trainer: "L.Trainer") -> 
     the previous file replaced, loggers notified. Call it on every rank together.
 
     ``Trainer.save_checkpoint`` writes a file only, outside the callback's bookkeeping. Lightning's
-    ``ModelCheckpoint._save_topk_checkpoint(trainer, ModelCheckpoint._monitor_candidates(trainer))``.
+    ``ModelCheckpoint._save_topk_checkpoint(trainer, ModelCheckpoint._monitor_candidates(trainer))``;
+    where they are gone (said once), ``Trainer.save_checkpoint`` into the file the callback names
+    (``format_checkpoint_name``), without its bookkeeping.
     """
-    checkpoint._save_topk_checkpoint(trainer, checkpoint._monitor_candidates(trainer))
+    try:
+        save, candidates = _private(checkpoint, "_save_topk_checkpoint"), _private(checkpoint, "_monitor_candidates")
+    except AttributeError:
+        pass
+    else:
+        save(trainer, candidates(trainer))
+        return
+    _lost(
+        "ModelCheckpoint._save_topk_checkpoint",
+        "a checkpoint asked for by a signal is written by Trainer.save_checkpoint, and the callback's "
+        "best_model_path and loggers do not hear of it.",
+    )
+    metrics = {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
+    trainer.save_checkpoint(checkpoint.format_checkpoint_name(metrics))
 
 
 def saved_loader_states(checkpoint: dict) -> list | None:
@@ -229,7 +320,7 @@ def ddp_logging_data(ddp: "DistributedDataParallel") -> dict[str, Any]:
     lacks DDP's timings.
     """
     try:
-        data = dict(ddp._get_ddp_logging_data())
+        data = dict(_private(ddp, "_get_ddp_logging_data")())
     except (AttributeError, RuntimeError, TypeError):
         data = {}
     if "bucket_sizes" not in data:  # gone, or no longer the record described above
@@ -250,7 +341,7 @@ def sample_ddp_runtime_every(ddp: "DistributedDataParallel", iterations: int) ->
     such method (or it fails), DDP keeps its default sampling, said once.
     """
     try:
-        ddp._set_ddp_runtime_logging_sample_rate(iterations)
+        _private(ddp, "_set_ddp_runtime_logging_sample_rate")(iterations)
     except (AttributeError, RuntimeError, TypeError):
         _lost(
             "DistributedDataParallel._set_ddp_runtime_logging_sample_rate",
@@ -258,28 +349,46 @@ def sample_ddp_runtime_every(ddp: "DistributedDataParallel", iterations: int) ->
         )
 
 
-def process_group_timeout(device: "torch.device") -> timedelta:
-    """The timeout the default process group was built with, for its backend on ``device``.
+def process_group_timeout(device: "torch.device") -> timedelta | None:
+    """The timeout the default process group was built with, for its backend on ``device``; None,
+    said once, where torch no longer keeps it there (``ddp.json``'s ``timeout_s`` is then null).
 
     torch's ``Backend.Options._timeout``; the backend from ``torch.distributed.get_backend_impl``,
     or ``ProcessGroup._get_backend`` where torch has no such function (before 2.14).
     """
     import torch.distributed as dist
 
-    if hasattr(dist, "get_backend_impl"):
-        backend = dist.get_backend_impl(device=device)
-    else:
-        backend = dist.group.WORLD._get_backend(device)
-    return backend.options._timeout
+    try:
+        if hasattr(dist, "get_backend_impl"):
+            backend = dist.get_backend_impl(device=device)
+        else:
+            backend = _private(dist.group.WORLD, "_get_backend")(device)
+        timeout = _private(backend.options, "_timeout")
+    except (AttributeError, RuntimeError):
+        timeout = None
+    if not isinstance(timeout, timedelta):
+        _lost("Backend.Options._timeout", "ddp.json gives no process group timeout (timeout_s: null).")
+        return None
+    return timeout
 
 
-def tensorboard_file_writer(writer: "SummaryWriter") -> "FileWriter":
+def tensorboard_file_writer(writer: "SummaryWriter") -> "FileWriter | None":
     """The file writer of ``writer`` (its event file), opened again if ``writer`` was closed: its
     ``add_summary`` writes a summary built elsewhere.
 
-    torch's ``SummaryWriter._get_file_writer()``.
+    torch's ``SummaryWriter._get_file_writer()``; where it is gone (said once), the public
+    ``file_writer`` attribute, None once ``writer`` is closed: the caller then writes nothing.
     """
-    return writer._get_file_writer()
+    try:
+        return _private(writer, "_get_file_writer")()
+    except AttributeError:
+        pass
+    _lost(
+        "SummaryWriter._get_file_writer",
+        "TensorBoard summaries built by the engine (HPARAMS, figures, the resume's purge) are written "
+        "only while the writer is open.",
+    )
+    return writer.file_writer
 
 
 def declared_type(node: "DictConfig", key: str) -> type | Any | None:
@@ -338,9 +447,16 @@ def release_consolidated_state(optimizer: "ZeroRedundancyOptimizer") -> None:
     this rank (the target rank only holds one), once the checkpoint made of it is written; the next
     checkpoint consolidates afresh.
 
-    torch's ``ZeroRedundancyOptimizer._all_state_dicts`` (a list, empty on the other ranks).
+    torch's ``ZeroRedundancyOptimizer._all_state_dicts`` (a list, empty on the other ranks); where
+    it is gone (said once), the copy stays until torch frees it.
     """
-    optimizer._all_state_dicts = []
+    try:
+        _replace(optimizer, "_all_state_dicts", [])
+    except AttributeError:
+        _lost(
+            "ZeroRedundancyOptimizer._all_state_dicts",
+            "rank 0 keeps the consolidated optimizer state of all ranks between checkpoints.",
+        )
 
 
 def run_exit_handlers() -> None:

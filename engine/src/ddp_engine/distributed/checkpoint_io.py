@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from typing_extensions import override
 
-from ddp_engine.core.compat import also_save_at_epoch_end, epoch_batches_processed, save_checkpoint_now
+from ddp_engine.core.compat import also_save_at_epoch_end, save_checkpoint_now
 from ddp_engine.core.errors import CheckpointError, ConfigValueError, first_line
 from ddp_engine.core.files import atomic_path
 from ddp_engine.core.run_dir import LAST_CHECKPOINT, check_checkpoint_file
@@ -92,14 +92,15 @@ def check_checkpoint(path: str | Path, model: nn.Module, key: str = "ckpt_path")
         )
 
 
-def at_optimizer_step_boundary(trainer: L.Trainer) -> bool:
-    """In ``on_train_batch_end``: whether the batch that just trained completes a gradient
-    accumulation (every ``trainer.accumulate_grad_batches``-th batch of the epoch): the optimizer
-    has stepped and no gradient is pending, a point to save and resume from. Between accumulated
-    micro-batches it is not (their gradients are in no checkpoint), nor at the step Lightning takes
-    on an epoch's last batch when that cuts an accumulation short. The same on every rank, which
-    train equal batch counts."""
-    return epoch_batches_processed(trainer) % trainer.accumulate_grad_batches == 0
+def at_optimizer_step_boundary(trainer: L.Trainer, batch_idx: int) -> bool:
+    """In ``on_train_batch_end`` of the batch ``batch_idx`` (the hook's argument: its index in the
+    epoch, counting the batches before a resume): whether it completes a gradient accumulation
+    (every ``trainer.accumulate_grad_batches``-th batch of the epoch): the optimizer has stepped
+    and no gradient is pending, a point to save and resume from. Between accumulated micro-batches
+    it is not (their gradients are in no checkpoint), nor at the step Lightning takes on an epoch's
+    last batch when that cuts an accumulation short. The same on every rank, which train equal
+    batch counts."""
+    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -202,14 +203,16 @@ class LastCheckpoint(ModelCheckpoint):
         save that another trigger decides, such as SLURM's requeue signal)."""
         save_checkpoint_now(self, trainer)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         # The same on every rank (equal batch counts), so no rank skips the time check's broadcast alone.
-        if not at_optimizer_step_boundary(trainer):
+        if not at_optimizer_step_boundary(trainer, batch_idx):
             return
         # global_step too is the same on every rank: all skip the time check's broadcast together.
         if self.train_time_interval is not None and trainer.global_step % self.time_check_every_n_steps:
             return
-        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
 def in_place_resume_step(run_dir: Path, ckpt_path: str | None) -> int | None:

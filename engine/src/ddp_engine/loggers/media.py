@@ -108,5 +108,7 @@ def _tensorboard_hparams(
     for info in data.experiment.hparam_infos:
         info.differs = info.name in first
     content.content = data.SerializeToString()
+    file_writer = tensorboard_file_writer(logger.experiment)
     for summary in (experiment, session_start):  # the experiment (columns) and this session's values
-        tensorboard_file_writer(logger.experiment).add_summary(summary)
+        if file_writer is not None:
+            file_writer.add_summary(summary)

@@ -46,6 +46,8 @@ class TensorBoardLogger(loggers.TensorBoardLogger):
         if not self._restart_marked:
             # The writer's event file, opened with torch's START at purge_step: the second follows it.
             start = SessionLog(status=SessionLog.START)
-            tensorboard_file_writer(experiment).add_event(Event(step=self.purge_step, session_log=start))
+            file_writer = tensorboard_file_writer(experiment)
+            if file_writer is not None:
+                file_writer.add_event(Event(step=self.purge_step, session_log=start))
             self._restart_marked = True
         return experiment
