@@ -5,6 +5,7 @@ process itself (Lightning's subprocess launcher), exactly as a user's run does.
 """
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 import torch
 import yaml
 from harness import only, ranks_in_log, read_scalars
-from helpers import run_cli
+from helpers import cli_env, run_cli
+from private_api import LOST, compat_private_names, hiding_sitecustomize
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mnist_ddp.project import MOVED_CLASSES, MOVED_MODULES
@@ -149,3 +151,34 @@ def test_eval_reports_the_training_runs_test_metrics_with_two_processes(trained,
     assert set(evaluated.Tags()["images"]) == {"test/confusion_matrix", "test/misclassified"}
     (grid,), (trained_grid,) = evaluated.Images("test/misclassified"), trained_run.Images("test/misclassified")
     assert grid.encoded_image_string == trained_grid.encoded_image_string
+
+
+def test_the_default_training_completes_with_every_private_api_that_compat_reads_hidden(synthetic_data_dir, tmp_path):
+    # As if a release of each library had renamed every private name the engine reads (hidden from
+    # compat's accessor in every process, by a sitecustomize; the libraries keep their own): the
+    # default 2-process training still learns, writes its results, and each process says once what
+    # it lost.
+    hidden = compat_private_names()
+    site = hiding_sitecustomize(tmp_path / "site", hidden)
+    result = run_cli(
+        f"data.data_dir={synthetic_data_dir}", "data.val_size=200", "trainer.accelerator=cpu", "trainer.devices=2",
+        "trainer.max_epochs=1", log_dir=tmp_path / "logs",
+        env={"PYTHONPATH": os.pathsep.join([str(site), cli_env()["PYTHONPATH"]])},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    run = only(tmp_path / "logs" / "runs")
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["status"] == "completed" and metrics["test/acc"] > 0.9, metrics
+    assert read_scalars(run / "tensorboard")["test/acc"][-1] == pytest.approx(
+        metrics["test/acc"]
+    )  # TensorBoard's charts
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    said = re.findall(rf"\[rank (\d)\]\[[^]]*\]\[[A-Z]+\] - (\S+){re.escape(LOST)}", (run / "train.log").read_text())
+    # The names on the default path, each said once by each rank that reached it.
+    default_path = {
+        "Trainer._logger_connector.should_update_logs", "_TrainingEpochLoop._broadcast_sigterm_tensor",
+        "DistributedDataParallel._get_ddp_logging_data", "DistributedDataParallel._set_ddp_runtime_logging_sample_rate",
+        "Backend.Options._timeout", "ModelCheckpoint._every_n_epochs", "SummaryWriter._get_file_writer",
+    }  # fmt: skip
+    assert {name for _, name in said} >= default_path, said
+    assert len(said) == len(set(said)), said

@@ -15,12 +15,12 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.utilities import rank_zero_only
-from sensor_task.task import Regressor, SensorDataModule, SensorNet, make_sensor_windows
+from private_api import hidden_private_api, lost_lines
 
 from ddp_engine.core import compat
 from ddp_engine.distributed.checkpoint_io import LastCheckpoint, at_optimizer_step_boundary
 from ddp_engine.loggers.tensorboard_logger import TensorBoardLogger
-from private_api import hidden_private_api, lost_lines
+from sensor_task.task import Regressor, SensorDataModule, SensorNet, make_sensor_windows
 
 #: Training windows, batches per optimizer step, global batch: 16 batches of 4 per epoch, 6 steps.
 TRAIN_WINDOWS, ACCUMULATE, GLOBAL_BATCH = 64, 3, 12
@@ -79,14 +79,14 @@ def test_without_lightnings_batch_count_a_checkpoint_saves_the_same_position_ins
     assert lost_lines(caplog) == ["Trainer.fit_loop.epoch_loop.batch_progress"]
 
 
-def test_without_the_epoch_trigger_last_ckpt_is_saved_inside_epochs_only_and_the_log_says_so(tmp_path, hide, caplog):
+def test_without_lightnings_epoch_trigger_last_ckpt_is_still_saved_at_each_epochs_end(tmp_path, hide, caplog):
     hide.add("_every_n_epochs")
     last = LastCheckpoint(str(tmp_path / "kept"), every_n_train_steps=4, train_time_interval=None,
                           time_check_every_n_steps=1)  # fmt: skip
     trainer = fit(tmp_path, [last], epochs=1)
-    # Six optimizer steps, a save every 4: step 4's, not the epoch end's at step 6.
+    # Six optimizer steps, a save every 4, and the epoch end's at step 6: by the engine itself.
     saved = torch.load(tmp_path / "kept" / "last.ckpt", weights_only=False)
-    assert (trainer.global_step, saved["global_step"]) == (6, 4)
+    assert (trainer.global_step, saved["global_step"], saved["epoch"]) == (6, 6, 0)
     assert lost_lines(caplog) == ["ModelCheckpoint._every_n_epochs"]
 
 

@@ -249,24 +249,26 @@ def skip_sigterm_broadcast(trainer: "L.Trainer") -> bool:
     return True
 
 
-def also_save_at_epoch_end(checkpoint: "ModelCheckpoint") -> None:
+def also_save_at_epoch_end(checkpoint: "ModelCheckpoint") -> bool:
     """Have ``checkpoint``, built with a trigger inside epochs (``every_n_train_steps`` or
-    ``train_time_interval``), also save at the end of every epoch.
+    ``train_time_interval``), also save at the end of every epoch; returns whether it does.
 
     ``ModelCheckpoint``'s constructor refuses two triggers and its ``every_n_epochs`` property has
     no setter: this sets Lightning's ``ModelCheckpoint._every_n_epochs``, which its epoch-end hooks
-    read. Where the property no longer reads it back (said once), the checkpoint keeps its one
-    trigger: a resume after an epoch's end continues from the last save inside the epoch.
+    read. Where the property no longer reads it back, False (said once): the caller saves at the
+    epoch's end itself.
     """
     try:
         _replace(checkpoint, "_every_n_epochs", 1)
     except AttributeError:
         pass
-    if getattr(checkpoint, "every_n_epochs", None) != 1:
-        _lost(
-            "ModelCheckpoint._every_n_epochs",
-            "last.ckpt is saved inside epochs only, not also at each epoch's end.",
-        )
+    if getattr(checkpoint, "every_n_epochs", None) == 1:
+        return True
+    _lost(
+        "ModelCheckpoint._every_n_epochs",
+        "last.ckpt is saved at each epoch's end by the engine, at the end of training (before validation).",
+    )
+    return False
 
 
 def save_checkpoint_now(checkpoint: "ModelCheckpoint", trainer: "L.Trainer") -> None:
@@ -287,8 +289,8 @@ def save_checkpoint_now(checkpoint: "ModelCheckpoint", trainer: "L.Trainer") -> 
         return
     _lost(
         "ModelCheckpoint._save_topk_checkpoint",
-        "a checkpoint asked for by a signal is written by Trainer.save_checkpoint, and the callback's "
-        "best_model_path and loggers do not hear of it.",
+        "a checkpoint the engine saves itself (at a signal, at an epoch's end) is written by "
+        "Trainer.save_checkpoint, and the callback's best_model_path and loggers do not hear of it.",
     )
     metrics = {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
     trainer.save_checkpoint(checkpoint.format_checkpoint_name(metrics))

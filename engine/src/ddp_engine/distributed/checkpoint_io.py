@@ -187,7 +187,8 @@ class LastCheckpoint(ModelCheckpoint):
             every_n_train_steps=every_n_train_steps,
             train_time_interval=train_time_interval,
         )
-        also_save_at_epoch_end(self)  # after Lightning's check that one trigger is set
+        #: Whether Lightning's own epoch trigger saves at each epoch's end; else :meth:`on_train_epoch_end` does.
+        self.saves_at_epoch_end = also_save_at_epoch_end(self)  # after Lightning's check that one trigger is set
         self.train_time_interval = train_time_interval
         self.time_check_every_n_steps = time_check_every_n_steps
 
@@ -203,6 +204,13 @@ class LastCheckpoint(ModelCheckpoint):
         save that another trigger decides, such as SLURM's requeue signal)."""
         save_checkpoint_now(self, trainer)
 
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if not self.saves_at_epoch_end:
+            self.save(trainer)
+
+    @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
