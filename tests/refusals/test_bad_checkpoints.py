@@ -6,7 +6,10 @@ The checkpoint here is a real one (conftest.checkpoint): the template's module t
 steps by Lightning in this process and saved by ``trainer.save_checkpoint``.
 """
 
+import argparse
 import os
+import pickle
+import zipfile
 from pathlib import Path
 
 import lightning as L
@@ -45,24 +48,50 @@ def test_a_missing_checkpoint_is_named(tmp_path):
         check_checkpoint(tmp_path / "gone.ckpt", build_model())
 
 
-@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+@pytest.mark.parametrize("damage", ["truncated", "overwritten", "pickle overwritten"])
 def test_a_truncated_or_corrupt_checkpoint_is_refused(checkpoint, tmp_path, damage):
     data = checkpoint.read_bytes()
     broken = tmp_path / "broken.ckpt"
-    broken.write_bytes(data[: len(data) // 2] if damage == "truncated" else os.urandom(len(data)))
-    with pytest.raises(CheckpointError, match=f"ckpt_path={broken} cannot be read as a checkpoint \\(truncated or"):
+    if damage == "pickle overwritten":
+        # A whole zip archive whose pickle is noise: torch.load's weights-only unpickler refuses it,
+        # and torch's scan for refused objects finds none.
+        with zipfile.ZipFile(checkpoint) as original, zipfile.ZipFile(broken, "w") as copy:
+            for entry in original.infolist():
+                content = original.read(entry)
+                copy.writestr(entry, os.urandom(len(content)) if entry.filename.endswith("/data.pkl") else content)
+    else:
+        broken.write_bytes(data[: len(data) // 2] if damage == "truncated" else os.urandom(len(data)))
+    with pytest.raises(CheckpointError, match=f"ckpt_path={broken} cannot be read as a checkpoint") as error:
         check_checkpoint(broken, build_model())
+    unpickled = "corrupt: its pickled data does not parse: " if damage == "pickle overwritten" else "corrupt: "
+    assert f"checkpoint (truncated or {unpickled}" in str(error.value)
 
 
 def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(checkpoint, tmp_path):
     marker = tmp_path / "code-ran"
     state = torch.load(checkpoint, weights_only=True)
     malicious = tmp_path / "malicious.ckpt"
-    torch.save({**state, "payload": RunsCode(marker)}, malicious)
+    torch.save({**state, "payload": RunsCode(marker), "config": argparse.Namespace(lr=0.1)}, malicious)
     with pytest.raises(CheckpointError, match="holds Python objects other than tensors and plain values") as error:
         check_checkpoint(malicious, build_model())
-    assert "system" in str(error.value), "the message names the refused object"
+    # Every refused object, by module and name (os.system's module is posix, or nt on Windows).
+    assert f"values (argparse.Namespace, {os.system.__module__}.system), which" in str(error.value)
     assert not marker.exists(), "loading ran the checkpoint's code"
+
+
+def test_a_torch_that_cannot_name_refused_objects_gets_both_causes(checkpoint, tmp_path, monkeypatch):
+    # torch before 2.6 has no get_unsafe_globals_in_checkpoint: the message claims neither cause.
+    malicious = tmp_path / "malicious.ckpt"
+    torch.save({**torch.load(checkpoint, weights_only=True), "payload": RunsCode(tmp_path / "ran")}, malicious)
+    with pytest.raises(pickle.UnpicklingError) as refusal:
+        torch.load(malicious, weights_only=True)
+    monkeypatch.delattr(torch.serialization, "get_unsafe_globals_in_checkpoint")
+    with pytest.raises(CheckpointError) as error:
+        check_checkpoint(malicious, build_model())
+    message = str(error.value)
+    assert f"ckpt_path={malicious} cannot be loaded with weights_only: it is corrupt, or it holds Python " in message
+    assert f"torch.load says: {' '.join(str(refusal.value).split())} Use a checkpoint" in message, "torch's words"
+    assert not (tmp_path / "ran").exists()
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,8 @@ from ddp_engine.config.command_line import check_command_line
 from ddp_engine.core import files as outputs
 from ddp_engine.core.errors import CheckpointError, ConfigValueError, ExportError, UsageError
 from ddp_engine.core.files import atomic_path
+from ddp_engine.data.sharding import UnpaddedDistributedSampler
 from helpers import write_idx
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from onnx import numpy_helper
 from torchvision.io import encode_jpeg, write_png
 
@@ -141,9 +141,7 @@ def test_the_command_lines_are_checked_before_launch(checkpoint, synthetic_data,
 
 def shards(count: int, world_size: int) -> list[list[int]]:
     """The input indices of each replica, as the prediction's loader shards them."""
-    return [
-        list(UnrepeatedDistributedSampler(range(count), world_size, rank, shuffle=False)) for rank in range(world_size)
-    ]
+    return [list(UnpaddedDistributedSampler(range(count), world_size, rank)) for rank in range(world_size)]
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])

@@ -1,12 +1,14 @@
 """The training sampler's position inside an epoch, in one process: the same global batches on
-every world size, and a resumed epoch that continues at the next one (ddp_engine.data.sharding)."""
+every world size, and a resumed epoch that continues at the next one; and evaluation's unpadded
+shards: every sample on exactly one rank (ddp_engine.data.sharding)."""
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset, default_convert
 
 from ddp_engine.core.errors import ConfigValueError
-from ddp_engine.data.sharding import ResumableDataLoader, ResumableDistributedSampler
+from ddp_engine.data.sharded import unrepeated_loader
+from ddp_engine.data.sharding import ResumableDataLoader, ResumableDistributedSampler, UnpaddedDistributedSampler
 
 N, GLOBAL_BATCH = 1008, 48
 
@@ -74,3 +76,60 @@ def test_the_loader_saves_its_position_and_the_next_epoch_starts_afresh():
     plain = ResumableDataLoader(dataset, batch_size=24, trained_batches=lambda: 0, global_batch_size=GLOBAL_BATCH)
     assert plain.state_dict() == {} and plain.load_state_dict(state) is None
     assert isinstance(plain, DataLoader)
+
+
+#: (world size, data set size): each world size 1..4 with sizes below, at and around it and its
+#: multiples, divisible and not.
+UNPADDED_CASES = [
+    (world_size, size)
+    for world_size in (1, 2, 3, 4)
+    for size in sorted({0, 1, world_size - 1, world_size, world_size + 1, 2 * world_size - 1, 2 * world_size + 1, 10})
+]
+
+
+@pytest.mark.parametrize(("world_size", "size"), UNPADDED_CASES)
+def test_evaluation_gives_every_sample_to_exactly_one_rank_in_order(world_size, size):
+    if 0 < size < world_size:
+        refused = f"{size} samples? cannot be shared by {world_size} processes .* run on at most {size} process(es)? "
+        with pytest.raises(ConfigValueError, match=refused):
+            UnpaddedDistributedSampler(range(size), num_replicas=world_size, rank=0)
+        return
+    samplers = [
+        UnpaddedDistributedSampler(range(size), num_replicas=world_size, rank=rank) for rank in range(world_size)
+    ]
+    shards = [list(sampler) for sampler in samplers]
+    for rank, (sampler, shard) in enumerate(zip(samplers, shards)):
+        assert shard == list(range(rank, size, world_size)), "rank r takes r, r + world_size, ... in order"
+        assert len(sampler) == sampler.num_samples == len(shard)
+    assert sorted(index for shard in shards for index in shard) == list(range(size)), "each sample exactly once"
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def test_the_unpadded_shards_are_those_of_lightnings_sampler_that_the_engine_used():
+    # Lightning's class is in its internal overrides package: compared while it is there.
+    lightning_class = getattr(
+        pytest.importorskip("lightning.pytorch.overrides.distributed"), "UnrepeatedDistributedSampler", None
+    )
+    if lightning_class is None:
+        pytest.skip("Lightning no longer has UnrepeatedDistributedSampler")
+    for world_size, size in UNPADDED_CASES:
+        if 0 < size < world_size:  # both refuse it, Lightning's with a bare assertion (on the ranks left empty)
+            with pytest.raises(AssertionError):
+                lightning_class(range(size), num_replicas=world_size, rank=world_size - 1, shuffle=False)
+            continue
+        for rank in range(world_size):
+            ours = UnpaddedDistributedSampler(range(size), num_replicas=world_size, rank=rank)
+            lightnings = lightning_class(range(size), num_replicas=world_size, rank=rank, shuffle=False)
+            assert list(ours) == list(lightnings), (world_size, size, rank)
+            assert (len(ours), ours.total_size) == (len(lightnings), lightnings.total_size), (world_size, size, rank)
+
+
+def test_the_unpadded_loader_is_a_distributed_sampler_that_no_epoch_reorders():
+    # A DistributedSampler: Lightning leaves it in place, and calls its set_epoch.
+    loaders = [unrepeated_loader(TensorDataset(torch.arange(11)), 3, rank, batch_size=2) for rank in range(3)]
+    assert all(isinstance(loader.sampler, DistributedSampler) for loader in loaders)
+    loaders[1].sampler.set_epoch(5)
+    batches = [[batch[0].tolist() for batch in loader] for loader in loaders]
+    assert batches == [[[0, 3], [6, 9]], [[1, 4], [7, 10]], [[2, 5], [8]]]
+    with pytest.raises(ValueError):  # DistributedSampler's check of the rank
+        UnpaddedDistributedSampler(range(11), num_replicas=3, rank=3)

@@ -8,8 +8,8 @@ exact evaluation and the resume position inside an epoch come with it.
   (:class:`~ddp_engine.data.sharding.ResumableDataLoader`), so a resume continues at the next
   global batch on any world size with the same global batch.
 - Validation and test: an unpadded sampler gives each sample to exactly one process
-  (:func:`unrepeated_loader`), so metrics synced over all processes do not depend on the
-  number of processes.
+  (:func:`unrepeated_loader`, :class:`~ddp_engine.data.sharding.UnpaddedDistributedSampler`), so
+  metrics synced over all processes do not depend on the number of processes.
 """
 
 from pathlib import Path
@@ -17,7 +17,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate, default_convert
 from typing_extensions import override
@@ -25,7 +24,7 @@ from typing_extensions import override
 from ddp_engine.core.compat import epoch_batches_processed
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.data.loader_workers import workers_context
-from ddp_engine.data.sharding import ResumableDataLoader, ResumableDistributedSampler
+from ddp_engine.data.sharding import ResumableDataLoader, ResumableDistributedSampler, UnpaddedDistributedSampler
 from ddp_engine.distributed.layout import per_device_batch_size, per_device_eval_batch_size
 
 
@@ -88,12 +87,16 @@ def unrepeated_loader(dataset: Dataset, world_size: int, global_rank: int, **opt
     workers are not forked from this process).
 
     torch's DistributedSampler pads the last shard with repeated samples, which would count them
-    twice in val/test metrics (and predict them twice). Lightning's unpadded sampler, the one
-    ``trainer.predict`` puts in by itself, lets shard sizes differ by one instead; this is safe
-    because evaluation and prediction run no collective per batch, only at the end of the epoch.
-    Each replica needs a sample: its assertion refuses a ``dataset`` smaller than ``world_size``.
+    twice in val/test metrics (and predict them twice). The unpadded sampler
+    (:class:`~ddp_engine.data.sharding.UnpaddedDistributedSampler`, the sharding ``trainer.predict``
+    puts in by itself) lets shard sizes differ by one instead; this is safe because evaluation and
+    prediction run no collective per batch, only at the end of the epoch.
+
+    Raises:
+        ConfigValueError: for a non-empty ``dataset`` smaller than ``world_size``: each replica
+            needs a sample.
     """
-    sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world_size, rank=global_rank, shuffle=False)
+    sampler = UnpaddedDistributedSampler(dataset, num_replicas=world_size, rank=global_rank)
     defaults = {"collate_fn": collate_for(dataset)}
     if options.get("num_workers", 0) > 0 and "multiprocessing_context" not in options:
         defaults["multiprocessing_context"] = workers_context(type(dataset).__module__)

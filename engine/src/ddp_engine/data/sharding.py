@@ -25,6 +25,9 @@ indices as it is created, so those indices would be drawn from the checkpoint's 
 not from the epoch the resumed run trains next: :class:`ResumableDataLoader` creates the real
 iterator at the first batch (:class:`_DeferredIterator`), after the epoch is set, as torch's
 in-process iterator reads its sampler at the first batch anyway.
+
+Evaluation and prediction shard without padding (:class:`UnpaddedDistributedSampler`): torch's
+``DistributedSampler`` repeats samples to give every rank as many, which would count them twice.
 """
 
 from collections.abc import Callable, Iterator
@@ -70,6 +73,50 @@ class ResumableDistributedSampler(DistributedSampler):
         if epoch != self.epoch:
             self.start = 0
         super().set_epoch(epoch)
+
+
+class UnpaddedDistributedSampler(DistributedSampler):
+    """Evaluation's and prediction's sharding: every sample of ``dataset`` to exactly one of
+    ``num_replicas`` ranks, in order, none repeated: rank ``r`` takes samples ``r``,
+    ``r + num_replicas``, ``r + 2 num_replicas``, ... of the ``N = len(dataset)``.
+
+    torch's ``DistributedSampler`` pads the shards to equal size with repeated samples, which would
+    count those twice in synced metrics (and predict them twice); here the shards' sizes differ by
+    one at most instead: rank ``r`` has ``ceil((N - r) / num_replicas)`` samples (:attr:`num_samples`).
+    Ranks that run different batch counts are safe where no collective runs per batch (evaluation
+    and prediction sync at the end of the epoch), not in training. The shards are those of
+    Lightning's ``UnrepeatedDistributedSampler`` (``shuffle=False``), the sampler ``trainer.predict``
+    puts in by itself. It is a ``DistributedSampler`` (``set_epoch``, :attr:`num_replicas`,
+    :attr:`rank`), so Lightning keeps it even with ``use_distributed_sampler=True`` (the engine's
+    trainer config sets False).
+
+    Args:
+        dataset: a map-style dataset of ``N`` samples (``len()``).
+        num_replicas: the ranks sharing it (the world size).
+        rank: this rank, ``0 <= rank < num_replicas``.
+
+    Raises:
+        ConfigValueError: when ``0 < N < num_replicas``: a rank would have no sample, and would run
+            no batch of the epoch while the others run some, whose syncs at the epoch's end (the
+            metrics, values logged with ``sync_dist``) could then wait for it. An empty dataset gives
+            every rank nothing alike, and is allowed.
+        ValueError: from ``DistributedSampler``, for a ``rank`` outside ``[0, num_replicas)``.
+    """
+
+    def __init__(self, dataset: Any, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+        size = len(dataset)
+        if 0 < size < num_replicas:
+            raise ConfigValueError(
+                f"{size} sample{'s' * (size != 1)} cannot be shared by {num_replicas} processes so that each "
+                f"evaluates or predicts at least one: run on at most {size} process{'es' * (size != 1)} "
+                "(trainer.devices x trainer.num_nodes), or with more samples."
+            )
+        self.total_size = size  # no padding: DistributedSampler's total is a multiple of num_replicas
+        self.num_samples = len(range(rank, size, num_replicas))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.total_size, self.num_replicas))
 
 
 class ResumableDataLoader(DataLoader):

@@ -42,8 +42,9 @@ def check_checkpoint(path: str | Path, model: nn.Module, key: str = "ckpt_path")
     Raises:
         CheckpointError: when the file does not exist; cannot be read as a checkpoint (truncated,
             corrupt, another kind of file); holds objects other than tensors and plain values
-            (pickled code, which weights-only loading refuses); or holds another model's weights:
-            the message lists the missing and unexpected keys and the other shapes.
+            (pickled code, which weights-only loading refuses: the message names them, from torch
+            2.6 on, :func:`unsafe_globals`); or holds another model's weights: the message lists the
+            missing and unexpected keys and the other shapes.
     """
     path = Path(path)
     check_checkpoint_file(path, key)
@@ -57,11 +58,28 @@ def check_checkpoint(path: str | Path, model: nn.Module, key: str = "ckpt_path")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        refused = next((line.strip() for line in str(error).splitlines() if "GLOBAL" in line), "")
+        # Refused by the weights-only unpickler, or a pickle it cannot parse: the error's type does
+        # not tell which, torch's scan of the pickle for the objects it refuses does.
+        try:
+            refused = unsafe_globals(path)
+        # Any failure of the scan (no data.pkl in the archive, a pickle cut short or with an unknown
+        # opcode: RuntimeError, EOFError, UnpicklingError, struct.error, ...): the pickle is corrupt.
+        except Exception as unreadable:
+            raise CheckpointError(
+                corrupt.format(f"its pickled data does not parse: {first_line(unreadable)}")
+            ) from None
+        if refused is None:
+            raise CheckpointError(
+                f"{key}={path} cannot be loaded with weights_only: it is corrupt, or it holds Python objects "
+                "other than tensors and plain values, which loading with weights_only refuses (a checkpoint from "
+                f"an untrusted source must not run code); torch {torch.__version__} does not tell which, torch "
+                f"2.6 or later does. torch.load says: {' '.join(str(error).split())} Use a checkpoint this "
+                "template wrote, such as the run's last.ckpt or the best epoch_<N>.ckpt."
+            ) from None
         if refused:
             raise CheckpointError(
-                f"{key}={path} holds Python objects other than tensors and plain values ({refused}), which "
-                "loading with weights_only refuses: a checkpoint from an untrusted source must not run code. "
+                f"{key}={path} holds Python objects other than tensors and plain values ({', '.join(refused)}), "
+                "which loading with weights_only refuses: a checkpoint from an untrusted source must not run code. "
                 "Use a checkpoint this template wrote."
             ) from None
         raise CheckpointError(corrupt.format(first_line(error))) from None
@@ -90,6 +108,27 @@ def check_checkpoint(path: str | Path, model: nn.Module, key: str = "ckpt_path")
             f"{key}={path} was saved from another model configuration: {'; '.join(listed)}. Use the model "
             "settings of the run that saved it (model=..., model.net.* in its .hydra/overrides.yaml)."
         )
+
+
+def unsafe_globals(path: Path) -> list[str] | None:
+    """The classes and functions that checkpoint ``path`` pickles and ``torch.load(weights_only=True)``
+    refuses, as ``module.name`` (``["posix.system"]``), sorted (``[]`` for none); None with a torch
+    older than 2.6, which cannot tell.
+
+    From ``torch.serialization.get_unsafe_globals_in_checkpoint`` (public since torch 2.6, pytorch
+    PR 139106), a static scan of the pickle's GLOBAL instructions that imports and runs nothing.
+    Before it, only the text of the weights-only unpickler's error named a refused object, in words
+    that changed between versions: a torch without the function gets a message that names both
+    possible causes and quotes torch's error, rather than a choice made from that text (no torch
+    older than 2.14.1 installs on the machines CI runs on, so such a branch would go untested).
+
+    Raises:
+        Exception: what torch's scan raises for a file it cannot read as a ``torch.save`` archive
+            (``ValueError``, ``RuntimeError``) or whose pickle does not parse (``EOFError``,
+            ``pickle.UnpicklingError``, ``struct.error``, ...).
+    """
+    find = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    return None if find is None else sorted(find(path))
 
 
 def at_optimizer_step_boundary(trainer: L.Trainer, batch_idx: int) -> bool:
