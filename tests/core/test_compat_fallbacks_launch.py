@@ -3,18 +3,22 @@ missing or changed, as a library release may leave it, the command still does it
 log says once what it lost: each test removes or changes one, as the library would, then runs the
 code that uses it (twice: the line comes once) and checks what it did instead.
 
-Each runs in this process.
+Each runs in this process; those that start a forkserver (its processes end with the test) are
+marked ``processes``.
 """
 
 import atexit
 import logging
 import multiprocessing
 import os
+import signal
 import sys
+from multiprocessing import forkserver, resource_tracker
+from pathlib import Path
 
 import pytest
 from ddp_engine.core import compat
-from ddp_engine.core.lifetime import exit_without_teardown
+from ddp_engine.core.lifetime import SUPERVISOR_ENV, exit_without_teardown
 
 
 @pytest.fixture
@@ -31,7 +35,7 @@ def lost(monkeypatch, caplog):
     return said
 
 
-# --- Python: the exit handlers -------------------------------
+# --- Python: the exit handlers, the forkserver, the resource tracker -------------------------------
 
 
 def test_without_atexits_run_exitfuncs_a_command_ends_through_the_normal_exit_which_runs_them(monkeypatch, lost):
@@ -76,3 +80,82 @@ def test_without_atexits_run_exitfuncs_a_worker_completes_its_job(monkeypatch, l
         multiprocessing.set_start_method(start_method, force=True)
     assert ran == ["job.yaml", "job.yaml"]
     assert lost() == ["atexit._run_exitfuncs"]
+
+
+@pytest.fixture
+def own_forkserver(monkeypatch):
+    """A forkserver of this test's own behind ``multiprocessing.forkserver``'s functions (pytest's
+    process keeps one forkserver for its life, which another test may have started, with other
+    modules), stopped after the test."""
+    server = forkserver.ForkServer()
+    for name in ("ensure_running", "get_inherited_fds", "connect_to_new_process", "set_forkserver_preload"):
+        monkeypatch.setattr(forkserver, name, getattr(server, name))
+    yield server
+    server._stop()
+
+
+def child_of_this_process(pid: int | None) -> bool:
+    status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(status["PPid"]) == os.getpid() and status["State"][0] != "Z"
+
+
+def sighup_blocked() -> bool:
+    return signal.SIGHUP in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+@pytest.mark.processes
+def test_without_forkservers_ensure_running_the_supervisor_starts_its_forkserver_with_a_process(
+    monkeypatch, own_forkserver, lost
+):
+    from ddp_engine.launch.supervisor import preload_workers
+
+    monkeypatch.delattr(forkserver, "ensure_running")
+    monkeypatch.setenv(SUPERVISOR_ENV, "")  # restored after: preload_workers sets it
+    preload_workers("json")
+    pid = own_forkserver._forkserver_pid
+    preload_workers("json")  # running: the same one (a process that does nothing, 5 to 25 ms)
+    # Started by this thread, as ensure_running would (it ends with its thread), and running.
+    assert pid is not None and own_forkserver._forkserver_pid == pid and child_of_this_process(pid)
+    assert not sighup_blocked()
+    assert lost() == ["multiprocessing.forkserver.ensure_running"]
+
+
+@pytest.mark.processes
+def test_without_forkservers_ensure_running_a_loaders_workers_start_from_the_forkserver(
+    monkeypatch, own_forkserver, lost
+):
+    import torch
+    from ddp_engine.data.loader_workers import LOADER_FORKSERVER_PARENT_ENV, workers_context
+    from torch.utils.data import DataLoader, TensorDataset
+
+    monkeypatch.delattr(forkserver, "ensure_running")
+    monkeypatch.delenv(LOADER_FORKSERVER_PARENT_ENV, raising=False)  # restored after: set by the first call
+    context = workers_context("torch.utils.data")
+    pid = own_forkserver._forkserver_pid
+    assert workers_context("torch.utils.data") is context and own_forkserver._forkserver_pid == pid
+    assert child_of_this_process(pid)  # started by this thread, before any worker
+    loader = DataLoader(TensorDataset(torch.arange(4.0)), batch_size=2, num_workers=1, multiprocessing_context=context)
+    assert [batch.tolist() for (batch,) in loader] == [[0.0, 1.0], [2.0, 3.0]]
+    assert lost() == ["multiprocessing.forkserver.ensure_running"]
+
+
+def test_without_the_resource_trackers_ensure_running_nothing_starts_with_sighup_blocked(
+    monkeypatch, own_forkserver, lost
+):
+    from ddp_engine.launch.supervisor import preload_workers
+
+    monkeypatch.delattr(resource_tracker, "ensure_running")
+    monkeypatch.setenv(SUPERVISOR_ENV, "")
+    started = []  # whether SIGHUP was blocked as the forkserver (which the ranks are forked from) started
+    monkeypatch.setattr(compat, "start_forkserver", lambda context: started.append(sighup_blocked()))
+    preload_workers("json")
+    preload_workers("json")
+    assert started == [False, False] and not sighup_blocked()
+    assert lost() == ["multiprocessing.resource_tracker.ensure_running"]
+
+
+def test_the_resource_tracker_starts_with_sighup_blocked_and_the_mask_is_restored(monkeypatch, lost):
+    started = []
+    monkeypatch.setattr(resource_tracker, "ensure_running", lambda: started.append(sighup_blocked()))
+    compat.start_resource_tracker_with_sighup_blocked()
+    assert started == [True] and not sighup_blocked() and lost() == []

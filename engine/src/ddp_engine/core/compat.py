@@ -97,6 +97,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from multiprocessing.context import BaseContext
+
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -388,6 +390,68 @@ def run_exit_handlers() -> bool:
         )
         return False
     return True
+
+
+def start_forkserver(context: "BaseContext") -> None:
+    """Start the forkserver of ``multiprocessing``'s ``forkserver`` ``context`` now, in this thread,
+    with the modules set by ``context.set_forkserver_preload``; nothing when it is running. The
+    kernel ends a process started with ``PR_SET_PDEATHSIG`` (the forkservers of
+    :mod:`ddp_engine.launch.forkserver_preload` and :mod:`ddp_engine.data.loader_forkserver`) when
+    the thread that started it ends: the thread matters.
+
+    Python's ``multiprocessing.forkserver.ensure_running()``, which returns at once, while the
+    forkserver imports its modules (torch, Lightning: seconds). Where Python has no such function,
+    a process that does nothing is started through ``context`` and joined, which starts the
+    forkserver in this thread too (and, with it running, costs 5 to 25 ms), but returns only once
+    the forkserver has imported its modules, said once: the command waits for them instead of
+    going on meanwhile.
+    """
+    from multiprocessing import forkserver
+
+    try:
+        ensure_running = forkserver.ensure_running
+    except AttributeError:
+        _lost(
+            "multiprocessing.forkserver.ensure_running",
+            "the forkserver is started by a process that does nothing, and the command waits for its "
+            "imports (torch, Lightning: seconds) instead of going on meanwhile.",
+        )
+        process = context.Process(name="start the forkserver")
+        process.start()
+        process.join()
+        return
+    ensure_running()
+
+
+def start_resource_tracker_with_sighup_blocked() -> None:
+    """Start Python's resource tracker (the process that unlinks the semaphores and shared memory
+    of ``multiprocessing``'s children once they are gone, started with a forkserver) now, with
+    SIGHUP blocked, which it keeps for its life: a closed terminal's SIGHUP, sent to the command's
+    whole process group, does not end it. This thread gets a SIGHUP sent meanwhile right after.
+
+    Python's ``multiprocessing.resource_tracker.ensure_running()``. Where Python has no such
+    function, nothing is started here (the forkserver starts the tracker, as it does by itself),
+    and nothing else is started with SIGHUP blocked (a process started so would keep it blocked,
+    and pass it on to the ranks), said once: a closed terminal may end the tracker, and each
+    process that ends after it then prints a KeyError traceback from the tracker started anew.
+    """
+    import signal
+    from multiprocessing import resource_tracker
+
+    try:
+        ensure_running = resource_tracker.ensure_running
+    except AttributeError:
+        _lost(
+            "multiprocessing.resource_tracker.ensure_running",
+            "Python's resource tracker is started without SIGHUP blocked: after a closed terminal, each "
+            "worker that ends may print a KeyError traceback from the tracker.",
+        )
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def name_rendezvous_events_by_frame() -> None:
