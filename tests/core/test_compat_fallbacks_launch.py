@@ -159,3 +159,80 @@ def test_the_resource_tracker_starts_with_sighup_blocked_and_the_mask_is_restore
     monkeypatch.setattr(resource_tracker, "ensure_running", lambda: started.append(sighup_blocked()))
     compat.start_resource_tracker_with_sighup_blocked()
     assert started == [True] and not sighup_blocked() and lost() == []
+
+
+# --- torch: the rendezvous' event names ------------------------------------------------------------
+
+
+def test_without_torchs_get_method_name_nothing_is_installed(monkeypatch, lost):
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    monkeypatch.delattr(dynamic_rendezvous, "get_method_name")
+    assert not compat.name_rendezvous_events_by_frame() and not compat.name_rendezvous_events_by_frame()
+    assert not hasattr(dynamic_rendezvous, "get_method_name")  # no name that torch would not call
+    assert lost() == ["torch.distributed.elastic.rendezvous.dynamic_rendezvous.get_method_name"]
+
+
+def test_a_get_method_name_with_other_parameters_is_left_as_torch_has_it(monkeypatch, lost):
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    names = []
+    torchs = dynamic_rendezvous.get_method_name
+
+    def get_method_name(depth: int = 2, frames: int = 0) -> str:  # as a torch release may change it
+        names.append(torchs(depth + 1 + frames))
+        return names[-1]
+
+    monkeypatch.setattr(dynamic_rendezvous, "get_method_name", get_method_name)
+    assert not compat.name_rendezvous_events_by_frame() and not compat.name_rendezvous_events_by_frame()
+    assert dynamic_rendezvous.get_method_name is get_method_name
+    assert lost() == ["torch.distributed.elastic.rendezvous.dynamic_rendezvous.get_method_name"]
+    # The supervisor's rendezvous runs with torch's own.
+    parameters = RendezvousParameters("c10d", "localhost:0", run_id="compat", min_nodes=1, max_nodes=1, timeout=30)
+    handler = get_rendezvous_handler(parameters)
+    info = handler.next_rendezvous()
+    handler.shutdown()
+    assert (info.rank, info.world_size) == (0, 1) and "next_rendezvous" in names
+
+
+# --- Hydra: the mode its main reads ----------------------------------------------------------------
+
+
+def test_without_hydras_get_mode_nothing_is_installed(monkeypatch, lost):
+    from hydra._internal.hydra import Hydra
+    from hydra.types import RunMode
+
+    monkeypatch.delattr(Hydra, "get_mode")
+    assert not compat.tell_hydra_the_mode(RunMode.RUN) and not compat.tell_hydra_the_mode(None)
+    assert not hasattr(Hydra, "get_mode")
+    assert lost() == ["hydra._internal.hydra.Hydra.get_mode"]
+
+
+def test_a_get_mode_with_other_parameters_is_left_as_hydra_has_it_and_hydras_main_runs(monkeypatch, tmp_path, lost):
+    import hydra
+    from hydra._internal.hydra import Hydra
+    from hydra.types import RunMode
+
+    hydras = Hydra.get_mode
+
+    def get_mode(self, config_name, overrides, *, run_mode=RunMode.MULTIRUN):  # as a Hydra release may change it
+        return hydras(self, config_name, overrides)
+
+    monkeypatch.setattr(Hydra, "get_mode", get_mode)
+    assert not compat.tell_hydra_the_mode(RunMode.RUN) and not compat.tell_hydra_the_mode(RunMode.RUN)
+    assert Hydra.get_mode is get_mode
+    assert lost() == ["hydra._internal.hydra.Hydra.get_mode"]
+    (tmp_path / "app.yaml").write_text("value: 1\n")
+    ran, composed = [], []
+    compose = Hydra.compose_config
+    monkeypatch.setattr(Hydra, "compose_config", lambda self, *a, **k: composed.append(1) or compose(self, *a, **k))
+
+    @hydra.main(config_path=str(tmp_path), config_name="app", version_base="1.3")
+    def app(cfg) -> None:
+        ran.append(cfg.value)
+
+    quiet = ["hydra/job_logging=disabled", "hydra/hydra_logging=disabled", "hydra.output_subdir=null"]
+    monkeypatch.setattr(sys, "argv", ["app", f"hydra.run.dir={tmp_path}/run", *quiet, "value=2"])
+    app()
+    assert ran == [2] and len(composed) == 2  # the mode read by composing, as Hydra does by itself
