@@ -17,8 +17,11 @@ from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 
 import pytest
+from ddp_engine.config.compose import composed_jobs
 from ddp_engine.core import compat
+from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.core.lifetime import SUPERVISOR_ENV, exit_without_teardown
+from hydra.utils import instantiate
 
 
 @pytest.fixture
@@ -236,3 +239,74 @@ def test_a_get_mode_with_other_parameters_is_left_as_hydra_has_it_and_hydras_mai
     monkeypatch.setattr(sys, "argv", ["app", f"hydra.run.dir={tmp_path}/run", *quiet, "value=2"])
     app()
     assert ran == [2] and len(composed) == 2  # the mode read by composing, as Hydra does by itself
+
+
+# --- hydra-optuna-sweeper: a search's job numbers ---------------------------------------------------
+
+
+class RenamedSearch:
+    """hydra-optuna-sweeper's ``OptunaSweeper`` as a release may have it: its search kept under
+    another name than ``sweeper``, the sweeper working as before."""
+
+    #: The plugin's own class.
+    plugin: type
+
+    def __init__(self, **settings) -> None:
+        self.search = self.plugin(**settings).sweeper
+
+    def setup(self, **arguments) -> None:
+        self.search.setup(**arguments)
+
+    def sweep(self, arguments: list[str]) -> None:
+        return self.search.sweep(arguments)
+
+
+def optuna_search_command(monkeypatch, sweep_dir: Path, n_trials: int) -> tuple:
+    """The search of ``-m hparams_search=optuna`` into ``sweep_dir``, set up as Hydra sets it up,
+    and the jobs it launches: ``(first job number, jobs)`` of each launch, which a stand-in
+    for the sweep's launcher records (each job returns 0.5)."""
+    from hydra.core.plugins import Plugins
+    from hydra.core.utils import JobReturn, JobStatus
+
+    launched = []
+
+    class Launcher:
+        def launch(self, overrides, initial_job_idx):
+            launched.append((initial_job_idx, len(overrides)))
+            returns = [JobReturn(overrides=list(job), status=JobStatus.COMPLETED) for job in overrides]
+            for returned in returns:
+                returned.return_value = 0.5
+            return returns
+
+    monkeypatch.setattr(Plugins, "instantiate_launcher", lambda self, **arguments: Launcher())
+    args = ["-m", "hparams_search=optuna", f"hydra.sweep.dir={sweep_dir}", f"hydra.sweeper.n_trials={n_trials}"]
+    (job,) = composed_jobs("config", args)
+    sweeper = instantiate(job.cfg.hydra.sweeper)
+    sweeper.setup(hydra_context=object(), task_function=None, config=job.cfg)  # the context only passes through
+    return sweeper, launched
+
+
+def test_without_the_plugins_search_a_new_search_runs_and_a_continued_one_is_refused(monkeypatch, tmp_path, lost):
+    from hydra_plugins.hydra_optuna_sweeper import optuna_sweeper
+
+    monkeypatch.setattr(RenamedSearch, "plugin", optuna_sweeper.OptunaSweeper, raising=False)
+    monkeypatch.setattr(optuna_sweeper, "OptunaSweeper", RenamedSearch)
+    sweep_dir = tmp_path / "search"
+    sweeper, launched = optuna_search_command(monkeypatch, sweep_dir, n_trials=2)
+    sweeper.sweep([])
+    assert launched == [(0, 1), (1, 1)]  # as the plugin runs it
+    record = (sweep_dir / "multirun.yaml").read_bytes()
+    sweeper, launched = optuna_search_command(monkeypatch, sweep_dir, n_trials=3)
+    with pytest.raises(ConfigValueError, match=r"holds a search of 2 trials .* cannot continue: .*hydra\.sweep\.dir="):
+        sweeper.sweep([])
+    assert launched == [] and (sweep_dir / "multirun.yaml").read_bytes() == record  # nothing run, nothing written
+    assert lost() == ["hydra-optuna-sweeper's OptunaSweeper.sweeper"]
+
+
+def test_with_the_plugins_search_a_continued_search_numbers_its_jobs_after_the_studys(monkeypatch, tmp_path, lost):
+    sweep_dir = tmp_path / "search"
+    sweeper, launched = optuna_search_command(monkeypatch, sweep_dir, n_trials=2)
+    sweeper.sweep([])
+    sweeper, launched = optuna_search_command(monkeypatch, sweep_dir, n_trials=3)
+    sweeper.sweep([])
+    assert launched == [(2, 1)] and lost() == []

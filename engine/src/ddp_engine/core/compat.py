@@ -168,14 +168,26 @@ def logs_this_step(trainer: "L.Trainer") -> bool:
         return True
 
 
-def optuna_search(sweeper: Any) -> Any:
+def optuna_search(sweeper: Any) -> Any | None:
     """The search inside hydra-optuna-sweeper's ``OptunaSweeper`` (its ``OptunaSweeperImpl``, the
-    ``sweeper`` attribute). Of it the template reads ``storage``, ``study_name``, ``sampler`` (the
-    sampler built) and ``launcher`` (set by ``setup``), and before ``sweep`` sets ``job_idx`` (the
-    number of the first job it launches; ``setup`` sets 0) and ``n_trials`` (how many trials it
-    asks): a continued search (:mod:`ddp_engine.launch.optuna_search`) numbers its jobs after the
-    study's trials and asks only the trials still to go."""
-    return sweeper.sweeper
+    ``sweeper`` attribute), whose ``job_idx`` (the number of the first job it launches; its
+    constructor and ``setup`` set 0) and ``n_trials`` (how many trials it asks) a continued search
+    (:mod:`ddp_engine.launch.optuna_search`) sets before ``sweep``: it numbers its jobs after the
+    study's trials and asks only the trials still to go.
+
+    None, said once, where the plugin no longer has them (or they are no numbers): a new search
+    runs as the plugin runs it, and one that continues a study is refused (the plugin would
+    number its jobs from 0, those of the study's trials).
+    """
+    search = getattr(sweeper, "sweeper", None)
+    missing = [name for name in ("job_idx", "n_trials") if not isinstance(getattr(search, name, None), int)]
+    if search is None or missing:
+        _lost(
+            f"hydra-optuna-sweeper's OptunaSweeper.sweeper{'' if search is None else '.' + missing[0]}",
+            "a search cannot be continued: one that stops must start anew, in a new hydra.sweep.dir.",
+        )
+        return None
+    return search
 
 
 def _no_broadcast() -> None:
