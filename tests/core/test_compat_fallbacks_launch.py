@@ -310,3 +310,41 @@ def test_with_the_plugins_search_a_continued_search_numbers_its_jobs_after_the_s
     sweeper, launched = optuna_search_command(monkeypatch, sweep_dir, n_trials=3)
     sweeper.sweep([])
     assert launched == [(2, 1)] and lost() == []
+
+
+# --- submitit: the batch script of a SLURM sweep ----------------------------------------------------
+
+
+def hidden_from_compat(name: str) -> property:
+    """An attribute of a library's objects that reads and writes as before, except from
+    ``ddp_engine.core.compat``, where it is gone: as the library would have it renamed (its own
+    code, which reads it too, working as before)."""
+
+    def read(self):
+        if sys._getframe(1).f_globals.get("__name__") == compat.__name__:
+            raise AttributeError(name)
+        return self.__dict__[name]
+
+    def write(self, value) -> None:
+        self.__dict__[name] = value
+
+    return property(read, write)
+
+
+def test_without_submitits_executor_internals_the_batch_script_is_not_shown(monkeypatch, tmp_path, lost):
+    import submitit
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nexit 1\n")  # never run: submitit only looks for it on PATH
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    args = ["-m", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'sweep'}", "trainer.accelerator=cpu",
+            "trainer.devices=2", "seed=1,2"]  # fmt: skip
+    (job, _) = composed_jobs("config", args)
+    launcher = instantiate(job.cfg.hydra.launcher)
+    launcher.setup(hydra_context=None, task_function=None, config=job.cfg)
+    assert launcher.sbatch_script(job_count=2).startswith("#!/bin/bash")
+    monkeypatch.setattr(submitit.AutoExecutor, "_executor", hidden_from_compat("_executor"), raising=False)
+    assert launcher.sbatch_script(job_count=2) is None and launcher.sbatch_script(job_count=2) is None
+    assert lost() == ["submitit's _make_sbatch_string, AutoExecutor._executor or SlurmExecutor._submitit_command_str"]

@@ -329,18 +329,27 @@ def declared_type(node: "DictConfig", key: str) -> type | Any | None:
     return node._get_node(key)._metadata.ref_type
 
 
-def submitit_sbatch_script(executor: Any, job_count: int) -> str:
+def submitit_sbatch_script(executor: Any, job_count: int) -> str | None:
     """The batch script that submitit's SLURM ``executor`` (an ``AutoExecutor``) submits for a job
     array of ``job_count`` jobs, without submitting it.
 
     submitit's ``_make_sbatch_string``, with its SlurmExecutor's (``AutoExecutor._executor``) parameters
     and command (``_submitit_command_str``), as ``SlurmExecutor._internal_process_submissions`` passes them.
+    None, said once, where submitit no longer has them (or takes other arguments): the script cannot
+    be shown; a sweep submits through submitit's public ``map_array``, without it.
     """
-    from submitit.slurm.slurm import _make_sbatch_string
+    try:
+        from submitit.slurm.slurm import _make_sbatch_string
 
-    slurm = executor._executor
-    parameters = {**slurm.parameters, "map_count": job_count}
-    return _make_sbatch_string(command=slurm._submitit_command_str, folder=slurm.folder, **parameters)
+        slurm = executor._executor
+        parameters = {**slurm.parameters, "map_count": job_count}
+        return _make_sbatch_string(command=slurm._submitit_command_str, folder=slurm.folder, **parameters)
+    except (ImportError, AttributeError, TypeError):
+        _lost(
+            "submitit's _make_sbatch_string, AutoExecutor._executor or SlurmExecutor._submitit_command_str",
+            "the batch script of a SLURM sweep cannot be shown without submitting it (the sweep itself submits).",
+        )
+        return None
 
 
 def retarget_lr_scheduler(
