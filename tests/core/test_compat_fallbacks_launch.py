@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from ddp_engine.config.compose import composed_jobs
 from ddp_engine.core import compat
-from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.core.errors import ConfigValueError, UsageError
 from ddp_engine.core.lifetime import SUPERVISOR_ENV, exit_without_teardown
 from hydra.utils import instantiate
 
@@ -348,3 +348,24 @@ def test_without_submitits_executor_internals_the_batch_script_is_not_shown(monk
     monkeypatch.setattr(submitit.AutoExecutor, "_executor", hidden_from_compat("_executor"), raising=False)
     assert launcher.sbatch_script(job_count=2) is None and launcher.sbatch_script(job_count=2) is None
     assert lost() == ["submitit's _make_sbatch_string, AutoExecutor._executor or SlurmExecutor._submitit_command_str"]
+
+
+# --- OmegaConf: a null node's declared type -------------------------------------------------------
+
+
+def test_without_omegaconfs_ref_type_an_unknown_key_under_a_null_node_is_still_refused(monkeypatch, lost):
+    from omegaconf.base import Metadata
+
+    # The check that describes the unknown key falls back to the config without the command's
+    # choices (their seed does not compose either), where logger.mlflow is null: its schema's
+    # declared type names its keys.
+    args = ["logger=mlflow", "logger.mlflow.trackinguri=x", "seed=abc"]
+    with pytest.raises(UsageError, match=r"Unknown key logger\.mlflow\.trackinguri .*Did you mean logger\.mlflow\.tr"):
+        composed_jobs("config", args)
+    monkeypatch.setattr(Metadata, "ref_type", hidden_from_compat("ref_type"), raising=False)
+    for _ in range(2):  # refused, its keys not listed
+        with pytest.raises(
+            UsageError, match=r"^Unknown key logger\.mlflow\.trackinguri \(keys of logger\.mlflow: not k"
+        ):
+            composed_jobs("config", args)
+    assert lost() == ["OmegaConf's Node._metadata.ref_type"]

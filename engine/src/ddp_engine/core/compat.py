@@ -322,11 +322,20 @@ def declared_type(node: "DictConfig", key: str) -> type | Any | None:
     """The type that ``node``'s schema declares for ``key`` (``Any`` for an untyped key), also
     where its value is null; None when ``node`` has no such key.
 
-    OmegaConf's ``node._get_node(key)._metadata.ref_type``.
+    OmegaConf's ``node._get_node(key)._metadata.ref_type``; None, said once, where OmegaConf's nodes
+    no longer have it: an unknown key under a node set to null (a logger the command line selects,
+    while another of its values is refused) is refused without the list of the keys its schema has.
     """
     if key not in node:
         return None
-    return node._get_node(key)._metadata.ref_type
+    try:
+        return node._get_node(key)._metadata.ref_type
+    except AttributeError:
+        _lost(
+            "OmegaConf's Node._metadata.ref_type",
+            "an unknown key under a node set to null is refused without the list of the keys its schema has.",
+        )
+        return None
 
 
 def submitit_sbatch_script(executor: Any, job_count: int) -> str | None:
