@@ -323,7 +323,8 @@ def _unknown_key(key: str, cfg: DictConfig) -> str:
             keys = sorted(_schema_fields(schema))
         else:
             keys = sorted(str(known) for known in node if known != name) if isinstance(node, DictConfig) else []
-        allowed = f"keys of {parent or 'the config'}: {', '.join(keys) or 'none'}"
+        # A null node whose schema is not known (compat.declared_type): its keys cannot be listed.
+        allowed = f"keys of {parent or 'the config'}: {', '.join(keys) or ('none' if schema else 'not known')}"
     close = difflib.get_close_matches(name, keys, n=1)
     hint = f" Did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
     return f"Unknown key {key} ({allowed}).{hint}"

@@ -92,6 +92,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from multiprocessing.context import BaseContext
+
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -215,14 +217,26 @@ def logs_this_step(trainer: "L.Trainer") -> bool:
         return True
 
 
-def optuna_search(sweeper: Any) -> Any:
+def optuna_search(sweeper: Any) -> Any | None:
     """The search inside hydra-optuna-sweeper's ``OptunaSweeper`` (its ``OptunaSweeperImpl``, the
-    ``sweeper`` attribute). Of it the template reads ``storage``, ``study_name``, ``sampler`` (the
-    sampler built) and ``launcher`` (set by ``setup``), and before ``sweep`` sets ``job_idx`` (the
-    number of the first job it launches; ``setup`` sets 0) and ``n_trials`` (how many trials it
-    asks): a continued search (:mod:`ddp_engine.launch.optuna_search`) numbers its jobs after the
-    study's trials and asks only the trials still to go."""
-    return sweeper.sweeper
+    ``sweeper`` attribute), whose ``job_idx`` (the number of the first job it launches; its
+    constructor and ``setup`` set 0) and ``n_trials`` (how many trials it asks) a continued search
+    (:mod:`ddp_engine.launch.optuna_search`) sets before ``sweep``: it numbers its jobs after the
+    study's trials and asks only the trials still to go.
+
+    None, said once, where the plugin no longer has them (or they are no numbers): a new search
+    runs as the plugin runs it, and one that continues a study is refused (the plugin would
+    number its jobs from 0, those of the study's trials).
+    """
+    search = getattr(sweeper, "sweeper", None)
+    missing = [name for name in ("job_idx", "n_trials") if not isinstance(getattr(search, name, None), int)]
+    if search is None or missing:
+        _lost(
+            f"hydra-optuna-sweeper's OptunaSweeper.sweeper{'' if search is None else '.' + missing[0]}",
+            "a search cannot be continued: one that stops must start anew, in a new hydra.sweep.dir.",
+        )
+        return None
+    return search
 
 
 def _no_broadcast() -> None:
@@ -397,25 +411,43 @@ def declared_type(node: "DictConfig", key: str) -> type | Any | None:
     """The type that ``node``'s schema declares for ``key`` (``Any`` for an untyped key), also
     where its value is null; None when ``node`` has no such key.
 
-    OmegaConf's ``node._get_node(key)._metadata.ref_type``.
+    OmegaConf's ``node._get_node(key)._metadata.ref_type``; None, said once, where OmegaConf's nodes
+    no longer have it: an unknown key under a node set to null (a logger the command line selects,
+    while another of its values is refused) is refused without the list of the keys its schema has.
     """
     if key not in node:
         return None
-    return node._get_node(key)._metadata.ref_type
+    try:
+        return node._get_node(key)._metadata.ref_type
+    except AttributeError:
+        _lost(
+            "OmegaConf's Node._metadata.ref_type",
+            "an unknown key under a node set to null is refused without the list of the keys its schema has.",
+        )
+        return None
 
 
-def submitit_sbatch_script(executor: Any, job_count: int) -> str:
+def submitit_sbatch_script(executor: Any, job_count: int) -> str | None:
     """The batch script that submitit's SLURM ``executor`` (an ``AutoExecutor``) submits for a job
     array of ``job_count`` jobs, without submitting it.
 
     submitit's ``_make_sbatch_string``, with its SlurmExecutor's (``AutoExecutor._executor``) parameters
     and command (``_submitit_command_str``), as ``SlurmExecutor._internal_process_submissions`` passes them.
+    None, said once, where submitit no longer has them (or takes other arguments): the script cannot
+    be shown; a sweep submits through submitit's public ``map_array``, without it.
     """
-    from submitit.slurm.slurm import _make_sbatch_string
+    try:
+        from submitit.slurm.slurm import _make_sbatch_string
 
-    slurm = executor._executor
-    parameters = {**slurm.parameters, "map_count": job_count}
-    return _make_sbatch_string(command=slurm._submitit_command_str, folder=slurm.folder, **parameters)
+        slurm = executor._executor
+        parameters = {**slurm.parameters, "map_count": job_count}
+        return _make_sbatch_string(command=slurm._submitit_command_str, folder=slurm.folder, **parameters)
+    except (ImportError, AttributeError, TypeError):
+        _lost(
+            "submitit's _make_sbatch_string, AutoExecutor._executor or SlurmExecutor._submitit_command_str",
+            "the batch script of a SLURM sweep cannot be shown without submitting it (the sweep itself submits).",
+        )
+        return None
 
 
 def retarget_lr_scheduler(
@@ -461,19 +493,97 @@ def release_consolidated_state(optimizer: "ZeroRedundancyOptimizer") -> None:
         )
 
 
-def run_exit_handlers() -> None:
+def run_exit_handlers() -> bool:
     """Run this process's ``atexit`` handlers now, as the interpreter does at a normal exit (each
-    once: the list is then empty). For a worker forked by ``multiprocessing``, which ends with
-    ``os._exit``."""
+    once: the list is then empty); returns whether they ran. For a process that ends with
+    ``os._exit``: a worker that ``multiprocessing`` started, a command's own process
+    (:func:`~ddp_engine.core.lifetime.exit_without_teardown`).
+
+    Python's ``atexit._run_exitfuncs()``; where Python has no such function (or it takes other
+    arguments), False, said once: a command's process then ends through the normal exit, which
+    runs them, and a worker's do not run (W&B's: its run is not finished, its last values not sent).
+    """
     import atexit
 
-    atexit._run_exitfuncs()
+    try:
+        atexit._run_exitfuncs()
+    except (AttributeError, TypeError):
+        _lost(
+            "atexit._run_exitfuncs",
+            "the exit handlers of a process that ends with os._exit (a DDP worker) do not run: W&B's run "
+            "is not finished and its last values are not sent; a command's own process ends through the "
+            "interpreter's normal exit, about 1.3 s longer.",
+        )
+        return False
+    return True
 
 
-def name_rendezvous_events_by_frame() -> None:
+def start_forkserver(context: "BaseContext") -> None:
+    """Start the forkserver of ``multiprocessing``'s ``forkserver`` ``context`` now, in this thread,
+    with the modules set by ``context.set_forkserver_preload``; nothing when it is running. The
+    kernel ends a process started with ``PR_SET_PDEATHSIG`` (the forkservers of
+    :mod:`ddp_engine.launch.forkserver_preload` and :mod:`ddp_engine.data.loader_forkserver`) when
+    the thread that started it ends: the thread matters.
+
+    Python's ``multiprocessing.forkserver.ensure_running()``, which returns at once, while the
+    forkserver imports its modules (torch, Lightning: seconds). Where Python has no such function,
+    a process that does nothing is started through ``context`` and joined, which starts the
+    forkserver in this thread too (and, with it running, costs 5 to 25 ms), but returns only once
+    the forkserver has imported its modules, said once: the command waits for them instead of
+    going on meanwhile.
+    """
+    from multiprocessing import forkserver
+
+    try:
+        ensure_running = forkserver.ensure_running
+    except AttributeError:
+        _lost(
+            "multiprocessing.forkserver.ensure_running",
+            "the forkserver is started by a process that does nothing, and the command waits for its "
+            "imports (torch, Lightning: seconds) instead of going on meanwhile.",
+        )
+        process = context.Process(name="start the forkserver")
+        process.start()
+        process.join()
+        return
+    ensure_running()
+
+
+def start_resource_tracker_with_sighup_blocked() -> None:
+    """Start Python's resource tracker (the process that unlinks the semaphores and shared memory
+    of ``multiprocessing``'s children once they are gone, started with a forkserver) now, with
+    SIGHUP blocked, which it keeps for its life: a closed terminal's SIGHUP, sent to the command's
+    whole process group, does not end it. This thread gets a SIGHUP sent meanwhile right after.
+
+    Python's ``multiprocessing.resource_tracker.ensure_running()``. Where Python has no such
+    function, nothing is started here (the forkserver starts the tracker, as it does by itself),
+    and nothing else is started with SIGHUP blocked (a process started so would keep it blocked,
+    and pass it on to the ranks), said once: a closed terminal may end the tracker, and each
+    process that ends after it then prints a KeyError traceback from the tracker started anew.
+    """
+    import signal
+    from multiprocessing import resource_tracker
+
+    try:
+        ensure_running = resource_tracker.ensure_running
+    except AttributeError:
+        _lost(
+            "multiprocessing.resource_tracker.ensure_running",
+            "Python's resource tracker is started without SIGHUP blocked: after a closed terminal, each "
+            "worker that ends may print a KeyError traceback from the tracker.",
+        )
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def name_rendezvous_events_by_frame() -> bool:
     """Make torch's c10d rendezvous (``rdzv_backend="c10d"``, the supervisor's) name the events it
     records (``DynamicRendezvousHandler.next_rendezvous``, ...) from the caller's frame, the same
-    name, instead of through ``inspect.stack()``.
+    name, instead of through ``inspect.stack()``; returns whether it did.
 
     Why: ``inspect.stack()`` reads every frame's source and maps each to its module, scanning all
     of ``sys.modules`` for a frame it cannot map; in the supervisor, which has imported Lightning
@@ -482,32 +592,65 @@ def name_rendezvous_events_by_frame() -> None:
     pytorch/pytorch#105940, #114700 (``sys._getframe`` for ``inspect.stack()``).
 
     Replaces torch's module-level ``dynamic_rendezvous.get_method_name(depth=2)``, which
-    ``_record`` calls: the name of the function ``depth`` frames above it.
+    ``_record`` calls: the name of the function ``depth`` frames above it. Where torch has no such
+    function, or one with other parameters, nothing is replaced (a name torch no longer calls
+    would be set for nothing), said once: the rendezvous takes its 0.3 to 0.6 s.
     """
+    import inspect
     import sys
 
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+        parameters = list(inspect.signature(dynamic_rendezvous.get_method_name).parameters)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        parameters = None
+    if parameters != ["depth"]:
+        _lost(
+            "torch.distributed.elastic.rendezvous.dynamic_rendezvous.get_method_name",
+            "the rendezvous names its events through inspect.stack(): the workers start 0.3 to 0.6 s later.",
+        )
+        return False
 
     def get_method_name(depth: int = 2) -> str:
         frame = sys._getframe(depth)  # depth counts from this function, as inspect.stack()[depth]
         return frame.f_code.co_name
 
     dynamic_rendezvous.get_method_name = get_method_name
+    return True
 
 
-def tell_hydra_the_mode(mode: Any) -> None:
+def tell_hydra_the_mode(mode: Any) -> bool:
     """Make Hydra's main take ``mode`` as the command's ``hydra.mode`` (``RunMode.RUN``,
     ``RunMode.MULTIRUN``, or None when the config leaves it unset: then ``-m`` decides, as in
-    Hydra) instead of composing the config to read it.
+    Hydra) instead of composing the config to read it; returns whether it did.
 
     Why: before it composes the config to run it, Hydra's main composes it once more only to read
     ``hydra.mode`` (``Hydra.get_mode``, hydra 1.3; Hydra issue #3440); the command has
     composed every job of its command line to check it (:mod:`ddp_engine.config.compose`), and
     knows the value: 0.25 to 0.3 s less before the workers start, on a 2-core machine.
+
+    Replaces Hydra's ``hydra._internal.hydra.Hydra.get_mode(self, config_name, overrides)``. Where
+    Hydra has no such method, or one with other parameters, nothing is replaced (Hydra's main would
+    call it otherwise, or not at all), said once: Hydra composes the config twice, as it does by itself.
     """
-    from hydra._internal.hydra import Hydra
+    import inspect
+
+    try:
+        from hydra._internal.hydra import Hydra
+
+        parameters = list(inspect.signature(Hydra.get_mode).parameters)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        parameters = None
+    if parameters != ["self", "config_name", "overrides"]:
+        _lost(
+            "hydra._internal.hydra.Hydra.get_mode",
+            "Hydra composes the config once more to read hydra.mode: the workers start 0.25 to 0.3 s later.",
+        )
+        return False
 
     def get_mode(self: Any, config_name: str | None, overrides: list[str]) -> Any:
         return mode
 
     Hydra.get_mode = get_mode
+    return True

@@ -133,7 +133,9 @@ def exit_without_teardown(command: Callable[[], object]) -> None:
     ``multiprocessing`` starts already end this way (``os._exit``). An exception other than
     ``SystemExit`` (a bug) propagates, with its traceback, through the normal exit; so does the
     end of a command run under a profiler or a debugger (``python -m cProfile``, ``pdb``), which
-    writes its results once the program returns.
+    writes its results once the program returns; and so does every command on a Python that has no
+    call to run the exit handlers before ``os._exit`` (:func:`~ddp_engine.core.compat.run_exit_handlers`,
+    said once).
     """
     if sys.getprofile() is not None or sys.gettrace() is not None:
         command()
@@ -149,7 +151,8 @@ def exit_without_teardown(command: Callable[[], object]) -> None:
     if status is not None and not isinstance(status, int):  # sys.exit("message"): printed, status 1
         print(status, file=sys.stderr)
         status = 1
-    run_exit_handlers()
+    if not run_exit_handlers():
+        sys.exit(status)  # the normal exit runs them
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, OSError, ValueError):  # none, a closed pipe, a closed file
             stream.flush()

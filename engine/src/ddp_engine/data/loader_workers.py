@@ -29,8 +29,9 @@ started it ends; Lightning builds its loaders in the main thread.
 
 import multiprocessing
 import os
-from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
+
+from ddp_engine.core.compat import start_forkserver
 
 #: Set by a process that starts its loaders' forkserver, to its own pid: the forkserver, whose
 #: parent it is, ties its life and its workers' to it (:mod:`ddp_engine.data.loader_forkserver`).
@@ -55,5 +56,5 @@ def workers_context(*modules: str) -> BaseContext:
         # Once per process, before its first worker: a forkserver reads its imports when it starts.
         os.environ[LOADER_FORKSERVER_PARENT_ENV] = str(os.getpid())
         context.set_forkserver_preload([FORKSERVER_MODULE, *dict.fromkeys(modules)])
-    forkserver.ensure_running()  # here, in the thread that builds the loader, which it ends with
+    start_forkserver(context)  # here, in the thread that builds the loader, which it ends with
     return context

@@ -19,16 +19,19 @@ have drawn.
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from ddp_engine.core.compat import optuna_search
+from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.core.files import write_atomically
 from ddp_engine.core.objective import Mode
 from ddp_engine.launch.sweep_launcher import hold_sweep
@@ -61,7 +64,7 @@ class ResumableOptunaSweeper(Sweeper):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 
-        self.config = config
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
         if self.settings.get("direction") is None:  # the task's: the direction of the objective each trial returns
             self.settings["direction"] = Mode(config.task.mode).optuna_direction
         self.optuna = OptunaSweeper(**self.settings)
@@ -75,25 +78,48 @@ class ResumableOptunaSweeper(Sweeper):
             return self._sweep(sweep_dir, arguments)
 
     def _sweep(self, sweep_dir: Path, arguments: list[str]) -> Any:
+        """Run the search, continued when its study holds trials.
+
+        Raises:
+            ConfigValueError: for a study that holds trials, when the installed plugin cannot number
+                the jobs of its new trials after them (:func:`~ddp_engine.core.compat.optuna_search`).
+        """
+        storage = self.settings.get("storage")  # the plugin's settings, which it builds its study from
+        search = optuna_search(self.optuna)
+        study = saved_study(storage, self.settings.get("study_name"))
+        if study is not None and search is None:  # its jobs would be numbered from 0: those of the study's trials
+            raise ConfigValueError(
+                f"{sweep_dir} holds a search of {len(study.trials)} trials (study {study.study_name} in {storage}) "
+                "that the installed hydra-optuna-sweeper cannot continue: it would number the new trials' jobs from 0, "
+                "those of the study's trials. Start a new search in a new folder (hydra.sweep.dir=<new folder>), or "
+                "continue this one with hydra-optuna-sweeper 1.3.0."
+            )
         # Where the study's SQLite file goes, and the command's record that a continued search is checked against.
         # Atomically: a command killed as it starts leaves the record whole or absent, never half-written.
         write_atomically(sweep_dir / SWEEP_RECORD, OmegaConf.to_yaml(self.config))
-        search = optuna_search(self.optuna)
-        study = saved_study(search.storage, search.study_name)
         if study is not None:
-            finish_trials_in_flight(study, search.launcher, list(self.config.hydra.sweeper.params or {}))
-            done, asked = len(study.trials), search.n_trials
+            finish_trials_in_flight(study, self.new_launcher, list(self.config.hydra.sweeper.params or {}))
+            done, asked = len(study.trials), self.settings["n_trials"]
             search.job_idx, search.n_trials = done, max(0, asked - done)
             # A seeded sampler would start drawing again where it started: the first new trials would
             # repeat the first trials' parameters (TPE's first ones are its seeded random draws).
-            if hasattr(search.sampler, "reseed_rng"):  # not the grid sampler, a class until the search builds it
-                search.sampler.reseed_rng()
+            sampler = self.settings.get("sampler")  # the sampler built, the plugin's own
+            if hasattr(sampler, "reseed_rng"):  # not the grid sampler, a class until the search builds it
+                sampler.reseed_rng()
             beyond = f": the study already holds more than hydra.sweeper.n_trials={asked}" if asked < done else ""
             log.info(
-                f"Continuing the search of {search.storage}: {done} trials done, {search.n_trials} to go "
+                f"Continuing the search of {storage}: {done} trials done, {search.n_trials} to go "
                 f"(hydra.sweeper.n_trials={asked} in all{beyond})"
             )
         return self.optuna.sweep(arguments)
+
+    def new_launcher(self) -> Launcher:
+        """A launcher of the sweep's jobs (``hydra.launcher``), built as the plugin's ``setup`` builds its own."""
+        from hydra.core.plugins import Plugins
+
+        return Plugins.instance().instantiate_launcher(
+            config=self.config, hydra_context=self.hydra_context, task_function=self.task_function
+        )
 
 
 def saved_study(storage: str | None, study_name: str | None) -> Any:
@@ -109,15 +135,17 @@ def saved_study(storage: str | None, study_name: str | None) -> Any:
         return None
 
 
-def finish_trials_in_flight(study: Any, launcher: Any, search_space: list[str]) -> None:
+def finish_trials_in_flight(study: Any, new_launcher: Callable[[], Launcher], search_space: list[str]) -> None:
     """Run each trial of ``study`` left RUNNING (its command stopped or was killed before it told
     the result) again as job ``<trial number>`` with the trial's own parameters, through the sweep's
-    ``launcher``, and tell the study its result: complete with the job's objective, or failed.
-    ``search_space``: the searched keys (``hydra.sweeper.params``), in the order of the overrides
-    the search gave the trial's job (the study keeps them sorted by name)."""
+    launcher (built by ``new_launcher`` when there is one), and tell the study its result: complete
+    with the job's objective, or failed. ``search_space``: the searched keys (``hydra.sweeper.params``),
+    in the order of the overrides the search gave the trial's job (the study keeps them sorted by name)."""
     from optuna.trial import TrialState
 
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    in_flight = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    launcher = new_launcher() if in_flight else None
+    for trial in in_flight:
         # The plugin's overrides: the sampled parameters, then the fixed ones (kept as user attributes).
         params = sorted(
             trial.params.items(),

@@ -174,10 +174,11 @@ class SubmititSweep(BaseSubmititLauncher):
 class SlurmSweepLauncher(SubmititSweep, SlurmLauncher):
     """``hydra/launcher=slurm``: each job of the sweep one SLURM job (see the module's docstring)."""
 
-    def sbatch_script(self, job_count: int) -> str:
+    def sbatch_script(self, job_count: int) -> str | None:
         """The batch script that :meth:`launch` would submit for a sweep of ``job_count`` jobs
-        (submitit's ``sbatch`` text; ``sbatch`` itself is not run). Needs ``srun`` on PATH (submitit
-        refuses to build its SLURM executor elsewhere)."""
+        (submitit's ``sbatch`` text; ``sbatch`` itself is not run); None, said once, where the
+        installed submitit cannot show it (:func:`~ddp_engine.core.compat.submitit_sbatch_script`).
+        Needs ``srun`` on PATH (submitit refuses to build its SLURM executor elsewhere)."""
         return submitit_sbatch_script(self.executor(), job_count)
 
 

@@ -279,7 +279,8 @@ def resolve_hydra_interpolations(cfg: DictConfig) -> dict:
 def preload_workers(task_module: str) -> None:
     """Start the forkserver that the job's workers are forked from, importing ``task_module`` (the
     job's task: ``ddp_engine.run.train``, with torch and Lightning) after
-    :mod:`ddp_engine.launch.forkserver_preload`; it returns at once. The command calls it right
+    :mod:`ddp_engine.launch.forkserver_preload`; it returns at once
+    (:func:`~ddp_engine.core.compat.start_forkserver`). The command calls it right
     after the key check, so that the imports overlap its value checks; :func:`launch` calls it
     again (nothing happens when the forkserver runs). The forkserver ends with this process.
 
@@ -287,22 +288,18 @@ def preload_workers(task_module: str) -> None:
     when they are launched (:func:`ddp_engine.launch.worker.run`).
     """
     import multiprocessing
-    from multiprocessing import forkserver, resource_tracker
+
+    from ddp_engine.core.compat import start_forkserver, start_resource_tracker_with_sighup_blocked
 
     # Python's resource tracker (started with the forkserver, for its semaphores) ignores SIGINT and
     # SIGTERM but not SIGHUP: a closed terminal killed it with the command's process group, and
     # each worker's exit then printed a KeyError traceback from the tracker started anew. Started
     # here with SIGHUP blocked, which it keeps; this process gets a SIGHUP sent meanwhile at once after.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
-    try:
-        resource_tracker.ensure_running()
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+    start_resource_tracker_with_sighup_blocked()
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
-    multiprocessing.get_context("forkserver").set_forkserver_preload(
-        ["ddp_engine.launch.forkserver_preload", task_module]
-    )
-    forkserver.ensure_running()
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["ddp_engine.launch.forkserver_preload", task_module])
+    start_forkserver(context)  # in this thread, which the forkserver ends with: the main one
 
 
 def launch(

@@ -96,7 +96,8 @@ def run(job_file: str, environ: dict[str, str]) -> None:
         main(job_file)
     finally:
         # multiprocessing ends this process with os._exit: the exit handlers a command's process
-        # runs (W&B's finishes its run, with the test's values) would not run.
+        # runs (W&B's finishes its run, with the test's values) would not run. (On a Python that
+        # cannot run them here, they do not: compat says so once, and the worker ends as it would.)
         run_exit_handlers()
 
 
