@@ -65,15 +65,23 @@ def test_a_planted_problem_fails_the_check_and_its_file_is_left_as_it_was(tmp_pa
         "notes.md": b"a line with a trailing space \n",  # the trailing-whitespace fixer strips it
         "no_newline.txt": b"the last line has no newline",  # the end-of-file fixer adds one
         "blank_lines.yaml": b"key: value\n\n\n",  # and removes the blank lines at the end
+        # SLF001: a library's private attribute, outside compat; allowed in tests.
+        "private.py": b"def f(trainer):\n    return trainer._logger_connector\n",
+        "tests/test_private.py": b"def f(trainer):\n    return trainer._logger_connector\n",
     }
+    (tmp_path / "tests").mkdir()
     for name, content in planted.items():
         (tmp_path / name).write_bytes(content)
     result = check(tmp_path, list(planted))
     assert result.returncode == 1, result.stdout
     failed = {line.removeprefix("- hook id: ") for line in result.stdout.splitlines() if line.startswith("- hook id: ")}
     assert failed == set(TWINS), result.stdout
-    for name in planted:
+    for name in planted.keys() - {"tests/test_private.py"}:
         assert name in result.stdout, (name, result.stdout)
     assert "F401" in result.stdout and "+x = {" in result.stdout, result.stdout  # the finding, the diff
+    # ruff's report: the rule's line, then " --> <file>:<line>:<column>".
+    lines = result.stdout.splitlines()
+    findings = [after.split("-->")[1].strip() for line, after in zip(lines, lines[1:]) if line.startswith("SLF001")]
+    assert findings == ["private.py:2:12"], result.stdout
     assert {name: (tmp_path / name).read_bytes() for name in planted} == planted, "a check rewrote a file"
     assert "files were modified by this hook" not in result.stdout

@@ -129,6 +129,14 @@ def _replace(owner: Any, name: str, value: Any) -> None:
     setattr(owner, name, value)
 
 
+def _private_or_none(owner: Any, name: str) -> Any:
+    """:func:`_private`, None where ``owner`` has no ``name``."""
+    try:
+        return _private(owner, name)
+    except AttributeError:
+        return None
+
+
 def _lost(private: str, loss: str) -> None:
     """Say once per process that ``private`` is missing or changed in the installed library, and
     what the run does without it (``loss``): the run goes on."""
@@ -228,8 +236,11 @@ def optuna_search(sweeper: Any) -> Any | None:
     runs as the plugin runs it, and one that continues a study is refused (the plugin would
     number its jobs from 0, those of the study's trials).
     """
-    search = getattr(sweeper, "sweeper", None)
-    missing = [name for name in ("job_idx", "n_trials") if not isinstance(getattr(search, name, None), int)]
+    try:
+        search = _private(sweeper, "sweeper")
+    except AttributeError:
+        search = None
+    missing = [name for name in ("job_idx", "n_trials") if not isinstance(_private_or_none(search, name), int)]
     if search is None or missing:
         _lost(
             f"hydra-optuna-sweeper's OptunaSweeper.sweeper{'' if search is None else '.' + missing[0]}",
@@ -418,7 +429,7 @@ def declared_type(node: "DictConfig", key: str) -> type | Any | None:
     if key not in node:
         return None
     try:
-        return node._get_node(key)._metadata.ref_type
+        return _private(_private(node, "_get_node")(key), "_metadata").ref_type
     except AttributeError:
         _lost(
             "OmegaConf's Node._metadata.ref_type",
@@ -437,11 +448,12 @@ def submitit_sbatch_script(executor: Any, job_count: int) -> str | None:
     be shown; a sweep submits through submitit's public ``map_array``, without it.
     """
     try:
-        from submitit.slurm.slurm import _make_sbatch_string
+        from submitit.slurm import slurm as submitit_slurm
 
-        slurm = executor._executor
+        slurm = _private(executor, "_executor")
         parameters = {**slurm.parameters, "map_count": job_count}
-        return _make_sbatch_string(command=slurm._submitit_command_str, folder=slurm.folder, **parameters)
+        command = _private(slurm, "_submitit_command_str")
+        return _private(submitit_slurm, "_make_sbatch_string")(command=command, folder=slurm.folder, **parameters)
     except (ImportError, AttributeError, TypeError):
         _lost(
             "submitit's _make_sbatch_string, AutoExecutor._executor or SlurmExecutor._submitit_command_str",
@@ -469,10 +481,10 @@ def retarget_lr_scheduler(
 
     @functools.wraps(step)
     def tracked_step(*args: Any, **kwargs: Any) -> Any:
-        optimizer._opt_called = True
+        setattr(optimizer, "_opt_called", True)  # noqa: B010 (a private name: no attribute syntax outside _private)
         return step(*args, **kwargs)
 
-    tracked_step._wrapped_by_lr_sched = True
+    setattr(tracked_step, "_wrapped_by_lr_sched", True)  # noqa: B010 (as above)
     optimizer.step = tracked_step
 
 
@@ -506,7 +518,7 @@ def run_exit_handlers() -> bool:
     import atexit
 
     try:
-        atexit._run_exitfuncs()
+        _private(atexit, "_run_exitfuncs")()
     except (AttributeError, TypeError):
         _lost(
             "atexit._run_exitfuncs",
@@ -535,7 +547,7 @@ def start_forkserver(context: "BaseContext") -> None:
     from multiprocessing import forkserver
 
     try:
-        ensure_running = forkserver.ensure_running
+        ensure_running = _private(forkserver, "ensure_running")
     except AttributeError:
         _lost(
             "multiprocessing.forkserver.ensure_running",
@@ -565,7 +577,7 @@ def start_resource_tracker_with_sighup_blocked() -> None:
     from multiprocessing import resource_tracker
 
     try:
-        ensure_running = resource_tracker.ensure_running
+        ensure_running = _private(resource_tracker, "ensure_running")
     except AttributeError:
         _lost(
             "multiprocessing.resource_tracker.ensure_running",
@@ -602,7 +614,7 @@ def name_rendezvous_events_by_frame() -> bool:
     try:
         from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-        parameters = list(inspect.signature(dynamic_rendezvous.get_method_name).parameters)
+        parameters = list(inspect.signature(_private(dynamic_rendezvous, "get_method_name")).parameters)
     except (ImportError, AttributeError, TypeError, ValueError):
         parameters = None
     if parameters != ["depth"]:
@@ -613,10 +625,11 @@ def name_rendezvous_events_by_frame() -> bool:
         return False
 
     def get_method_name(depth: int = 2) -> str:
-        frame = sys._getframe(depth)  # depth counts from this function, as inspect.stack()[depth]
+        # depth counts from this function, as inspect.stack()[depth]; sys._getframe is documented (CPython).
+        frame = sys._getframe(depth)  # noqa: SLF001
         return frame.f_code.co_name
 
-    dynamic_rendezvous.get_method_name = get_method_name
+    _replace(dynamic_rendezvous, "get_method_name", get_method_name)
     return True
 
 
@@ -639,7 +652,7 @@ def tell_hydra_the_mode(mode: Any) -> bool:
     try:
         from hydra._internal.hydra import Hydra
 
-        parameters = list(inspect.signature(Hydra.get_mode).parameters)
+        parameters = list(inspect.signature(_private(Hydra, "get_mode")).parameters)
     except (ImportError, AttributeError, TypeError, ValueError):
         parameters = None
     if parameters != ["self", "config_name", "overrides"]:
@@ -652,5 +665,5 @@ def tell_hydra_the_mode(mode: Any) -> bool:
     def get_mode(self: Any, config_name: str | None, overrides: list[str]) -> Any:
         return mode
 
-    Hydra.get_mode = get_mode
+    _replace(Hydra, "get_mode", get_mode)
     return True
