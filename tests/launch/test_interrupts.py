@@ -76,14 +76,14 @@ def test_a_signal_stops_every_process_keeps_the_checkpoint_and_the_run_resumes(
 
     (run_dir,) = (log_dir / "runs").iterdir()
     stopped = re.search(rf"Stopped by {signum.name} in epoch 1 at global step (\d+)\. Last complete checkpoint: "
-                        rf"(\S+)\. Resume this run in place with: {re.escape(sys.executable)} -m mnist_ddp.train "
-                        r"hydra.run.dir=(\S+) ckpt_path=last\n", output)  # fmt: skip
+                        rf"(\S+) \(global step (\d+)\)\. Resume this run in place with: {re.escape(sys.executable)} "
+                        r"-m mnist_ddp.train hydra.run.dir=(\S+) ckpt_path=last\n", output)  # fmt: skip
     assert stopped, output[-3000:]
     assert SIGNAL_STEP <= int(stopped[1]) < 2 * STEPS_PER_EPOCH
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
-    assert stopped[2] == str(checkpoint) and stopped[3] == str(run_dir)
+    assert stopped[2] == str(checkpoint) and stopped[4] == str(run_dir)
     state = torch.load(checkpoint, weights_only=True)  # whole: it loads
-    assert (state["epoch"], state["global_step"]) == (0, STEPS_PER_EPOCH)
+    assert (state["epoch"], state["global_step"]) == (0, STEPS_PER_EPOCH) and int(stopped[3]) == STEPS_PER_EPOCH
 
     if resumed_here:
         # The command the message printed, in place: the run's own overrides are read from its directory.

@@ -273,4 +273,13 @@ def in_place_resume_step(run_dir: Path, ckpt_path: str | None) -> int | None:
     path = run_dir / LAST_CHECKPOINT
     if ckpt_path != "last" or not path.is_file():
         return None
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"]
+    return saved_global_step(path)
+
+
+def saved_global_step(path: Path) -> int | None:
+    """The global step (optimizer steps) at which the checkpoint ``path`` was saved, read through a
+    memory map, so that none of its tensors is read; None where the file cannot be read as one."""
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+    except (OSError, RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError):
+        return None
