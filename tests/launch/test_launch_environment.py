@@ -99,3 +99,24 @@ def test_a_recorded_exception_is_named_even_when_the_process_then_died_by_a_sign
     unrecorded = ProcessFailure(local_rank=0, pid=10, exitcode=-6, error_file=str(tmp_path / "none.json"))
     assert describe_failure(unrecorded) == "killed by SIGABRT (exit status -6)"
     assert root_failure({0: unrecorded, 1: aborted})[0] == 1
+
+
+def test_a_recorded_exception_whose_first_line_is_a_heading_is_named_with_its_cause(tmp_path, monkeypatch):
+    # Hydra's instantiate wraps the target's error in a heading ("Error in call to target 'X':"),
+    # the target's error on the next line: a Trainer that refuses its precision (a new user's trial
+    # read only the heading, in the log's last line and in metrics.json).
+    from ddp_engine.distributed.failures import describe_failure
+    from hydra.utils import instantiate
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, ProcessFailure
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    with pytest.raises(Exception) as raised:
+        instantiate({"_target_": "lightning.pytorch.Trainer", "precision": 17, "logger": False})
+    ErrorHandler().record_exception(raised.value)
+    failure = ProcessFailure(local_rank=0, pid=10, exitcode=1, error_file=str(error_file))
+    line = describe_failure(failure)
+    assert line.startswith(
+        "InstantiationException: Error in call to target 'lightning.pytorch.trainer.trainer.Trainer': "
+    ), line
+    assert 'ValueError("Precision 17 is invalid. Allowed precision values: (' in line and "\n" not in line, line

@@ -75,11 +75,21 @@ def describe_failure(failure) -> str:
     at interpreter exit after a failed collective: SIGABRT), and the exception is the cause."""
     lines = message_lines(failure)
     if recorded_exception(failure):
-        return lines[0].strip()
+        return headed_line(lines)
     if failure.exitcode < 0:
         return f"killed by {failure.signal_name()} (exit status {failure.exitcode})"
     if failure.exitcode - 128 in STOP_SIGNALS:  # a stop: ddp_engine.callbacks.signals
         return f"stopped by {signal.Signals(failure.exitcode - 128).name} (exit status {failure.exitcode})"
     if not lines or "pytorch.org/docs/stable/elastic/errors" in lines[0]:
         return f"exited with status {failure.exitcode}"
-    return lines[0].strip()
+    return headed_line(lines)
+
+
+def headed_line(lines: list[str]) -> str:
+    """A message's first line, and its second after a first that ends in a colon: a heading whose
+    cause follows (Hydra's ``InstantiationException: Error in call to target 'X':``, then the
+    error the target raised), so that the one line names the cause."""
+    first = lines[0].strip()
+    if first.endswith(":") and len(lines) > 1:
+        return f"{first} {lines[1].strip()}"
+    return first
