@@ -88,6 +88,11 @@ def test_a_killed_rank_ends_the_job_within_10_seconds_and_the_last_checkpoint_su
     assert f"resume this run in place with: {sys.executable} -m mnist_ddp.train hydra.run.dir={run} ckpt_path=last" in (
         result.stdout + result.stderr
     )
+    # The checkpoint it names, with the step it holds, as a stop's line names it.
+    assert (
+        f"Last complete checkpoint: {run / 'checkpoints' / 'last.ckpt'} (global step 16)."
+        in result.stdout + result.stderr
+    )
 
 
 # Saves checkpoint A, then B over it through AtomicCheckpointIO; B's save hangs where it flushes

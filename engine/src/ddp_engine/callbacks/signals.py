@@ -31,7 +31,7 @@ from ddp_engine.core.environment import submitit_preempt_signal
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.core.lifetime import STOP_SIGNALS
 from ddp_engine.core.run_dir import LAST_CHECKPOINT, restart_hint, resume_hint
-from ddp_engine.distributed.checkpoint_io import LastCheckpoint, at_optimizer_step_boundary, saved_global_step
+from ddp_engine.distributed.checkpoint_io import LastCheckpoint, at_optimizer_step_boundary, with_global_step
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +134,7 @@ class StopOnSignal(L.Callback):
     def report(self, trainer: L.Trainer) -> None:
         """Log how the run stopped (:func:`stop_point`) and what resumes it (global rank 0): the run's
         ``last.ckpt``, which the printed resume (``ckpt_path=last``) continues from; without one,
-        the newest checkpoint the run saved; and that checkpoint's global step, so that the steps
-        the resume trains again show."""
+        the newest checkpoint the run saved; with its global step (:func:`with_global_step`)."""
         saved = [
             Path(path)
             for callback in trainer.checkpoint_callbacks
@@ -147,10 +146,9 @@ class StopOnSignal(L.Callback):
             saved = [last]  # what ckpt_path=last resumes from, whatever the best checkpoint's time
         if saved:
             newest = max(saved, key=lambda path: path.stat().st_mtime)
-            step = saved_global_step(newest)
-            at = "" if step is None else f" (global step {step})"
             log.warning(
-                f"Stopped by {where}. Last complete checkpoint: {newest}{at}. {resume_hint(trainer.default_root_dir)}"
+                f"Stopped by {where}. Last complete checkpoint: {with_global_step(newest)}. "
+                f"{resume_hint(trainer.default_root_dir)}"
             )
         else:
             restart = restart_hint(trainer.default_root_dir)

@@ -276,6 +276,14 @@ def in_place_resume_step(run_dir: Path, ckpt_path: str | None) -> int | None:
     return saved_global_step(path)
 
 
+def with_global_step(path: Path) -> str:
+    """``path`` and the global step it was saved at, as a stop's or a failure's line names the
+    checkpoint that a resume continues from (``.../last.ckpt (global step 430)``), so that the steps
+    the resume trains again show; ``path`` alone where the file cannot be read as a checkpoint."""
+    step = saved_global_step(path)
+    return str(path) if step is None else f"{path} (global step {step})"
+
+
 def saved_global_step(path: Path) -> int | None:
     """The global step (optimizer steps) at which the checkpoint ``path`` was saved, read through a
     memory map, so that none of its tensors is read; None where the file cannot be read as one."""

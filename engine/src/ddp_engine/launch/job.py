@@ -29,6 +29,7 @@ from ddp_engine.core.errors import JobFailedError
 from ddp_engine.core.files import write_json
 from ddp_engine.core.lifetime import restore_stop_signals
 from ddp_engine.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, read_metrics, restart_hint, resume_command
+from ddp_engine.distributed.checkpoint_io import with_global_step
 from ddp_engine.distributed.layout import processes_per_node
 from ddp_engine.launch.supervisor import (
     JobInterrupted,
@@ -147,8 +148,8 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig, objective: st
         if HydraConfig.get().mode != RunMode.MULTIRUN:
             if (last := run_dir / LAST_CHECKPOINT).is_file():
                 log.warning(
-                    f"Last complete checkpoint: {last}. Once the cause is fixed, resume this run in place with: "
-                    f"{resume_command(run_dir)}"
+                    f"Last complete checkpoint: {with_global_step(last)}. Once the cause is fixed, resume this run "
+                    f"in place with: {resume_command(run_dir)}"
                 )
             raise
         log.error(f"Job {run_dir} failed: {failed}. The sweep goes on with the next job.")
