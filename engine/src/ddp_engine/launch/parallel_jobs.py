@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: Set in each job's environment: the pid of the sweep's command, which the job ends with.
 SWEEP_ENV = "DDP_ENGINE_SWEEP_PID"
+#: The line Hydra ends a failed job's output with, after the error: not the line that says what failed.
+HYDRA_HINT = "Set the environment variable HYDRA_FULL_ERROR=1"
 
 
 @dataclass
@@ -134,7 +136,8 @@ class ParallelJobs:
     def _relay(self, job: JobProcess) -> None:
         """Pass the job's output lines to the console, each prefixed with its job number."""
         for line in job.process.stdout:
-            job.last_line = line.strip() or job.last_line
+            if line.strip() and not line.startswith(HYDRA_HINT):
+                job.last_line = line.strip()
             with self.console:
                 sys.stdout.write(f"[#{job.index}] {line}")
                 sys.stdout.flush()

@@ -39,7 +39,6 @@ from ddp_engine.core.run_dir import LAST_CHECKPOINT, SWEEP_DIR_ENV, read_metrics
 from ddp_engine.launch.job_slots import DevicePool, cpu_slot_size, jobs_at_a_time, visible_gpus
 from ddp_engine.launch.parallel_jobs import JobProcess, ParallelJobs
 from ddp_engine.launch.sweep_summary import RESUMED
-from ddp_engine.project import current
 
 log = logging.getLogger(__name__)
 
@@ -231,14 +230,15 @@ def parallel_jobs(planned: Sequence[PlannedJob], n_jobs: int | None) -> Parallel
     than one of them can run at once (``n_jobs``: see :class:`ResumableLauncher`); None to run them
     one after another here: a single job, ``n_jobs=1``, a machine that holds one job, jobs on GPUs
     and on CPU in one sweep, GPUs named by index (``trainer.devices=[0,3]``), or a process started
-    by torchrun or SLURM (where each process runs the job)."""
+    by torchrun or SLURM (where each process runs the job). A job of an app without a ``trainer``
+    (any Hydra app) is one process on CPU."""
     # torch (seconds to import) only now: Hydra imports this module whenever it looks for plugins.
     from ddp_engine.core.environment import launched_externally
     from ddp_engine.distributed.layout import processes_per_node, resolve_devices, uses_cuda
 
     if len(planned) < 2 or n_jobs == 1 or launched_externally():
         return None
-    trainers = [job.config.trainer for job in planned]
+    trainers = [job.config.get("trainer") or OmegaConf.create(ONE_CPU_PROCESS) for job in planned]
     cuda = {uses_cuda(resolve_devices(trainer.accelerator, trainer.devices)[0]) for trainer in trainers}
     if len(cuda) > 1 or (cuda == {True} and any(OmegaConf.is_list(trainer.devices) for trainer in trainers)):
         log.info("\tJobs one after another: the sweep mixes GPU and CPU jobs, or names GPUs by index.")
@@ -255,8 +255,8 @@ def parallel_jobs(planned: Sequence[PlannedJob], n_jobs: int | None) -> Parallel
         needs = [cpu_slot_size(len(pool.free), at_a_time)] * len(planned)
     if at_a_time < 2:
         return None
-    grace = max(job.config.launcher.shutdown_timeout for job in planned) + 30
-    command = [sys.executable, "-m", f"{current().package}.{planned[0].config.hydra.job.name}"]
+    grace = max(OmegaConf.select(job.config, "launcher.shutdown_timeout", default=0) for job in planned) + 30
+    command = this_command()
     jobs = [
         JobProcess(job.index, job.job_dir, job.overrides,
                    [*command, *job.overrides, *carried_hydra_overrides(job.config), f"hydra.run.dir={job.job_dir}"],
@@ -270,6 +270,18 @@ def parallel_jobs(planned: Sequence[PlannedJob], n_jobs: int | None) -> Parallel
         "the stopped ones resume from their last.ckpt, the others run."
     )
     return ParallelJobs(jobs, pool, at_a_time, grace, hint)
+
+
+#: The ``trainer`` of a job whose app has none: one process on CPU.
+ONE_CPU_PROCESS = {"accelerator": "cpu", "devices": 1}
+
+
+def this_command() -> list[str]:
+    """The command line that started this process, less its arguments, with this interpreter:
+    ``[python, -m, <package>.train]``, ``[python, app.py]`` or ``[python, <console script>]``, as the
+    sweep's own command runs each of its jobs again (``sys.orig_argv``: the interpreter's options too)."""
+    arguments = len(sys.argv) - 1
+    return [sys.executable, *sys.orig_argv[1 : len(sys.orig_argv) - arguments]]
 
 
 #: The sweep command's Hydra overrides that its jobs' own commands leave out: the sweep's, its
