@@ -13,10 +13,11 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+from ddp_engine.api import register
 from ddp_engine.config.schema import register_configs
 from ddp_engine.models.build import build_model
-from ddp_engine.project import register
 from helpers import (
+    CONFIG_DIR,
     DETERMINISTIC,
     IDX_DATA,
     REPO,
@@ -33,20 +34,20 @@ from hydra.utils import instantiate
 from torchvision.datasets import MNIST
 
 from mnist_ddp.data.idx import MNIST_FILES
-from mnist_ddp.project import CONFIG_DIR, PROJECT
+from mnist_ddp.task import TASK
 
-# The engine composes a config with the project's folder and schemas: the project's entry points
-# register it (ddp_engine.project), and so do the tests, which compose in their own processes too:
+# The engine composes a config with the task's configs and schemas: the task's entry points
+# register it (ddp_engine.api.register), and so do the tests, which compose in their own processes too:
 # at collection (a test module may compose at import) and before each test (a pytest worker also
-# runs the engine's own tests, engine/tests/, which register the engine's test project).
-register(PROJECT)
+# runs the engine's own tests, engine/tests/, which register the engine's test task).
+register(TASK)
 
 
 @pytest.fixture(autouse=True)
-def registered_project():
-    """This project, registered with the engine for each test."""
-    register(PROJECT)
-    return PROJECT
+def registered_task():
+    """This project's task, registered with the engine for each test."""
+    register(TASK)
+    return TASK
 
 
 @pytest.fixture(scope="session")

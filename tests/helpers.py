@@ -21,8 +21,11 @@ from ddp_engine.models.build import build_model
 from hydra.utils import instantiate
 
 from mnist_ddp.data.idx import MNIST_FILES
+from mnist_ddp.task import TASK
 
 REPO = Path(__file__).resolve().parents[1]
+#: The task's configs (conf/), as its commands read them.
+CONFIG_DIR = TASK.configs()
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
@@ -105,9 +108,8 @@ def make_image_folder(
 #: every command line that sets its keys: a project whose ``conf/config.yaml`` defaults to a data set
 #: of its own passes the same tests.
 IDX_DATA = "data=mnist"
-#: The template's task and network, chosen on the command lines of the tests of them (with the data
-#: option): a project whose ``conf/config.yaml`` defaults to a task of its own passes the same tests.
-TEMPLATE_TASK = ("task=classification", "model=cnn")
+#: The template's network, chosen on the command lines of the tests of it (with the data option).
+TEMPLATE_TASK = ("model=cnn",)
 
 
 # The deterministic configuration of the equivalence and resume checks: no dropout, SGD with

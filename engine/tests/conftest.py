@@ -9,13 +9,13 @@ import."""
 
 import pytest
 
-from ddp_engine.project import register
-from sensor_task.project import PROJECT
+from ddp_engine.api import register
+from sensor_task.task import TASK
 
 
 @pytest.fixture(autouse=True)
-def test_project():
-    """The test project, registered for each test: a pytest worker also runs the project's tests,
+def test_task():
+    """The test task, registered for each test: a pytest worker also runs the project's tests,
     whose conftest registers the project's own."""
-    register(PROJECT)
-    return PROJECT
+    register(TASK)
+    return TASK

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ddp_engine.core.errors import DataNotAvailableError, first_line
+from ddp_engine.api import DataNotAvailableError, first_line
 from torchvision.datasets import MNIST
 
 from mnist_ddp.data.idx import ensure_mnist_files

@@ -1,16 +1,11 @@
-"""Entry point: ``python -m mnist_ddp.eval ckpt_path=<checkpoint> [key=value ...]``.
+"""``python -m mnist_ddp.eval ckpt_path=<checkpoint> [key=value ...]``: tests a checkpoint on its
+run's test split with ``trainer.devices`` DDP processes, and writes its metrics to ``metrics.json``."""
 
-Tests a checkpoint on its data set's test split with ``trainer.devices`` DDP processes (each runs
-:func:`ddp_engine.run.evaluate.evaluate`), on the model and data set of the checkpoint's training
-run, and writes its test metrics (``test/loss`` and ``test/acc`` for the classifier) to
-``metrics.json`` in its own run directory (``logs/evals/``).
-"""
+from ddp_engine.api import entry_point
 
-from ddp_engine.config.command_line import entry_point
+from mnist_ddp.task import TASK
 
-from mnist_ddp.project import PROJECT
-
-main, cli = entry_point(PROJECT, "eval", task="ddp_engine.run.evaluate:evaluate", result="checkpoint")
+main, cli = entry_point(TASK, "eval")
 
 if __name__ == "__main__":
     cli()

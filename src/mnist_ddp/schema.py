@@ -1,13 +1,13 @@
 """The task's config schemas: its data sets' (``conf/data/idx.yaml``, ``folder.yaml``) and those of
 its commands ``predict`` and ``export`` (``conf/predict.yaml``, ``conf/export.yaml``), beside the
-engine's (:mod:`ddp_engine.config.schema`). :data:`mnist_ddp.project.PROJECT` hands them to the
+engine's (:mod:`ddp_engine.config.schema`). :data:`mnist_ddp.task.TASK` hands them to the
 engine, which stores them in Hydra's ConfigStore before it composes a config.
 """
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from ddp_engine.config.schema import JobConfig, ModelConfig, PathsConfig, TaskConfig
+from ddp_engine import api
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
@@ -48,6 +48,7 @@ class IDXDataConfig(DataConfig):
     """``data=mnist``, ``data=fashion_mnist`` (``conf/data/idx.yaml``): arguments of
     :class:`mnist_ddp.data.datamodule.MNISTDataModule`."""
 
+    builds: ClassVar[str] = "mnist_ddp.data.datamodule.MNISTDataModule"
     data_dir: str = MISSING
     val_size: int = MISSING
     split_seed: int = MISSING
@@ -65,6 +66,7 @@ class FolderDataConfig(DataConfig):
     """``data=folder`` (``conf/data/folder.yaml``): arguments of
     :class:`mnist_ddp.data.folder.ImageFolderDataModule`."""
 
+    builds: ClassVar[str] = "mnist_ddp.data.folder.ImageFolderDataModule"
     root: str = MISSING
     val_size: float = MISSING
     split_seed: int = MISSING
@@ -77,47 +79,25 @@ class FolderDataConfig(DataConfig):
     cache_dir: str | None = MISSING
 
 
-#: The class each data set schema describes: a ``data`` node typed by one of them builds that class.
-DATA_SCHEMA_TARGETS = {
-    IDXDataConfig: "mnist_ddp.data.datamodule.MNISTDataModule",
-    FolderDataConfig: "mnist_ddp.data.folder.ImageFolderDataModule",
-}
-
-
 @dataclass
-class PredictConfig(JobConfig):
-    """The composed config of ``python -m <project>.predict`` (``conf/predict.yaml``).
+class PredictConfig(api.PredictConfig):
+    """``python -m <project>.predict`` (``conf/predict.yaml``): the engine's keys, and ``input``, a
+    folder of PNG or JPEG images, one such image, or an IDX images file (``.gz`` too)
+    (:mod:`mnist_ddp.data.inputs`); ``resize`` converts inputs of another shape instead of refusing
+    them. The image shape, normalization and class names come from the checkpoint; the data set's
+    files are not read."""
 
-    ``ckpt_path`` and ``input`` are required: the checkpoint, and a folder of PNG or JPEG images,
-    one such image, or an IDX images file (``.gz`` too) (:mod:`mnist_ddp.data.inputs`); ``resize``
-    converts inputs of another shape instead of refusing them. As for eval, the model comes from
-    the checkpoint's run (``model`` only when the run left no config), the image shape,
-    normalization and class names from the checkpoint. The data set's files are not read.
-    """
-
-    ckpt_path: str = MISSING
     input: str = MISSING
     resize: bool = MISSING
 
 
 @dataclass
-class ExportConfig:
-    """The composed config of ``python -m <project>.export`` (``conf/export.yaml``): one process, no
-    Trainer, so no ``trainer``, ``strategy``, ``logger``, ``callbacks`` or ``launcher``.
+class ExportConfig(api.ExportConfig):
+    """``python -m <project>.export`` (``conf/export.yaml``): the engine's keys, and ``format``, one
+    the export writes (``check_export_paths`` refuses another), and ``output``, the file to write, or
+    None for one beside the checkpoint. The data set's normalization goes into the exported model,
+    and its test images check the file."""
 
-    ``data`` is the data set of the checkpoint's run (as for eval): its normalization goes into the
-    exported model, and its test images check the file. ``model`` is used only when the run left no
-    config; ``seed`` only feeds ``data.shuffle_seed``. ``ckpt_path`` is required; ``format`` is one
-    the task's export writes (its ``check_paths`` refuses another); ``output`` is the file to write,
-    or None for one beside the checkpoint.
-    """
-
-    task: TaskConfig = MISSING
-    data: Any = MISSING
-    model: ModelConfig = MISSING
-    paths: PathsConfig = MISSING
-    seed: int = MISSING
-    ckpt_path: str = MISSING
     format: str = MISSING
     output: str | None = MISSING
 

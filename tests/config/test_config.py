@@ -12,15 +12,13 @@ from ddp_engine.config.compose import composed_jobs, trainer_arguments, with_tra
 from ddp_engine.config.schema import register_configs
 from ddp_engine.core.errors import UsageError
 from ddp_engine.run.trainer import build_trainer
-from helpers import IDX_DATA, with_template_task
+from helpers import CONFIG_DIR, IDX_DATA, with_template_task
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ProgressBar, Timer
 from omegaconf import open_dict
 from torch.nn import BatchNorm2d
-
-from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 

@@ -12,13 +12,12 @@ from enum import Enum
 import pytest
 from ddp_engine.config import schema
 from ddp_engine.config.compose import group_options, missing_values
-from ddp_engine.config.saved_run import LOADING_KEYS
+from ddp_engine.config.saved_run import loading_keys
 from ddp_engine.config.schema import register_configs
+from helpers import CONFIG_DIR
 from hydra import compose, initialize_config_dir
 from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
-
-from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 
@@ -98,7 +97,7 @@ def test_class_defaults_are_the_configs_values(config_name, choice):
                 continue
             # A data set of its own (data=fashion_mnist) differs from the default data set's
             # class defaults (MNIST's) by what makes it another data set.
-            if path == "data" and name not in LOADING_KEYS and choice in ("data=fashion_mnist", "data=idx"):
+            if path == "data" and name not in loading_keys(node) and choice in ("data=fashion_mnist", "data=idx"):
                 continue
             value = node._get_node(name)
             if isinstance(value._value(), str) and value._value().startswith("${"):

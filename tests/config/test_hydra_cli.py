@@ -87,7 +87,7 @@ def test_a_sweep_runs_each_job_once_with_its_own_ddp_processes_and_directory(syn
     # The job's overrides, the swept one among them, are marked as the columns TensorBoard shows first.
     (experiment,) = {tags["_hparams_/experiment"] for tags in runs.PluginRunToTagToContent("hparams").values()}
     first = [info.name for info in HParamsPluginData.FromString(experiment).experiment.hparam_infos if info.differs]
-    assert set(first) == {"task", "model", "data", "data.data_dir", "data.val_size", "data.global_batch_size",
+    assert set(first) == {"model", "data", "data.data_dir", "data.val_size", "data.global_batch_size",
                           "debug", "logger", "paths.log_dir", "trainer.accelerator", "trainer.devices",
                           "trainer.max_epochs"}  # fmt: skip
 

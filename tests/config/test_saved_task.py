@@ -3,11 +3,9 @@ command's overrides of ``task.`` keys applied to it; ``task=<option>`` chooses t
 
 from ddp_engine.config.saved_run import apply_run_settings
 from ddp_engine.config.schema import register_configs
-from helpers import IDX_DATA
+from helpers import CONFIG_DIR, IDX_DATA
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-
-from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 
@@ -46,6 +44,6 @@ def test_the_runs_task_with_the_commands_task_overrides_applied(tmp_path):
     assert (task.objective, task.mode, list(task.metrics)) == ("val/loss", "max", ["test/loss"])
     assert set(task.callbacks) == set()
     # Choosing a task takes the command's, whole.
-    task = evaluated_task(checkpoint, "task=classification")
+    task = evaluated_task(checkpoint, "task=default")
     assert (task.objective, task.mode) == ("val/acc", "max")
     assert set(task.callbacks) == {"input_batch", "misclassified"}

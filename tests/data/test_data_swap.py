@@ -18,7 +18,7 @@ from ddp_engine.config.command_line import check_command_line
 from ddp_engine.config.saved_run import data_set_of_run, run_config_path, saved_run_config
 from ddp_engine.config.schema import register_configs
 from ddp_engine.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError, UsageError
-from helpers import IDX_DATA, REPO, fit_and_test_in_process, write_idx
+from helpers import CONFIG_DIR, IDX_DATA, REPO, fit_and_test_in_process, write_idx
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -28,7 +28,6 @@ from torchvision.datasets.mnist import read_image_file
 from mnist_ddp.data.datamodule import MNISTDataModule
 from mnist_ddp.data.idx import import_class
 from mnist_ddp.data.spec import CHECKPOINT_KEY
-from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 

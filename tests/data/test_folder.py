@@ -24,14 +24,13 @@ from ddp_engine.config.schema import register_configs
 from ddp_engine.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from ddp_engine.data.sharded import GatherDataset
 from ddp_engine.models.build import build_model
-from helpers import make_image_folder, run_cli
+from helpers import CONFIG_DIR, make_image_folder, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from PIL import Image
 
 import mnist_ddp.data.folder as folder_module
 from mnist_ddp.data.folder import FolderImages, ImageFolderDataModule
-from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 

@@ -12,10 +12,9 @@ import pytest
 import torch
 from ddp_engine.config.schema import register_configs
 from ddp_engine.models.build import build_model
+from helpers import CONFIG_DIR
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-
-from mnist_ddp.project import CONFIG_DIR
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

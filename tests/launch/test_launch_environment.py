@@ -11,12 +11,11 @@ from ddp_engine.core.environment import launcher_rank, run_stamp
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.distributed.checkpoint_io import LastCheckpoint
 from ddp_engine.run.trainer import build_trainer
+from helpers import CONFIG_DIR
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from omegaconf import open_dict
-
-from mnist_ddp.project import CONFIG_DIR
 
 
 def test_slurm_variables_map_to_ranks_on_many_nodes(monkeypatch, tmp_path):

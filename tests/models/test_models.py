@@ -8,13 +8,12 @@ import torch
 from ddp_engine.config.schema import register_configs
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.models.build import build_model
-from helpers import IDX_DATA, fit_and_test_in_process
+from helpers import CONFIG_DIR, IDX_DATA, fit_and_test_in_process
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from mnist_ddp.data.spec import DataSpec
 from mnist_ddp.models.networks import CNN, MLP, ResNet
-from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 

@@ -18,13 +18,12 @@ from ddp_engine.loggers.csv_logger import CSVLogger
 from ddp_engine.loggers.tensorboard_logger import TensorBoardLogger
 from ddp_engine.loggers.trackers import TRACKER_RUNS_FILE, build_loggers, check_tracker_packages, record_tracker_runs
 from harness import read_scalars, scalars_as_the_app_shows
+from helpers import CONFIG_DIR
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers import TensorBoardLogger as LightningTensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
-
-from mnist_ddp.project import CONFIG_DIR
 
 register_configs()
 

@@ -153,7 +153,7 @@ def test_hparams_table_shows_the_config_layout_and_final_metrics(board):
     # The job's own overrides are the first columns (by name), the 140 others after them.
     # (data, model, task: the options the tests choose, helpers.IDX_DATA and TEMPLATE_TASK.)
     overrides = ["data", "data.data_dir", "data.global_batch_size", "data.val_size", "logger", "model",
-                 "paths.log_dir", "task", "trainer.accelerator", "trainer.devices", "trainer.max_epochs"]  # fmt: skip
+                 "paths.log_dir", "trainer.accelerator", "trainer.devices", "trainer.max_epochs"]  # fmt: skip
     assert names[: len(overrides)] == overrides and len(names) > 100
 
     (group,) = server.post_json(

@@ -13,12 +13,11 @@ import torch
 from ddp_engine.config.schema import register_configs
 from ddp_engine.models.build import build_model
 from harness import read_scalars
-from helpers import run_cli
+from helpers import CONFIG_DIR, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from mnist_ddp.data.spec import read_data_spec
-from mnist_ddp.project import CONFIG_DIR
 
 pytestmark = pytest.mark.processes
 

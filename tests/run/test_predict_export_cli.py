@@ -22,7 +22,7 @@ import torch
 from ddp_engine.config.schema import register_configs
 from ddp_engine.models.build import build_model
 from harness import only, ranks_in_log
-from helpers import IDX_DATA, REPO, cli_command, cli_env, run_cli
+from helpers import CONFIG_DIR, IDX_DATA, REPO, cli_command, cli_env, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -30,7 +30,6 @@ from torchvision.io import write_png
 
 from mnist_ddp.data.idx import IMAGES_KIND, MNIST_FILES, read_idx_file
 from mnist_ddp.data.spec import read_data_spec
-from mnist_ddp.project import CONFIG_DIR
 
 pytestmark = pytest.mark.processes
 

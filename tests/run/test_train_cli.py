@@ -7,7 +7,6 @@ process itself (Lightning's subprocess launcher), exactly as a user's run does.
 import json
 import os
 import re
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -18,8 +17,6 @@ from harness import only, ranks_in_log, read_scalars
 from helpers import cli_env, run_cli
 from private_api import LOST, compat_private_names, hiding_sitecustomize
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-from mnist_ddp.project import MOVED_CLASSES, MOVED_MODULES
 
 pytestmark = pytest.mark.processes
 
@@ -124,19 +121,7 @@ def test_one_job_writes_config_once_one_rank_tagged_log_and_metrics(trained):
 def test_eval_reports_the_training_runs_test_metrics_with_two_processes(trained, synthetic_data_dir, tmp_path):
     run, _ = trained
     expected = json.loads((run / "metrics.json").read_text())
-    # The run as version 0.1 saved it: its config names the modules of the flat layout.
-    old_run = tmp_path / "old_run"
-    shutil.copytree(run / ".hydra", old_run / ".hydra")
-    shutil.copytree(run / "checkpoints", old_run / "checkpoints")
-    old_paths = {new: old for old, new in (*MOVED_MODULES.items(), *MOVED_CLASSES.items())}
-    config = (old_run / ".hydra" / "config.yaml").read_text()
-    for target in sorted(set(re.findall(r"_target_: (mnist_ddp\.\S+)", config))):
-        module, _, name = target.rpartition(".")
-        old = old_paths.get(target) or (f"{old_paths[module]}.{name}" if module in old_paths else target)
-        config = config.replace(f"_target_: {target}\n", f"_target_: {old}\n")
-    assert "_target_: mnist_ddp.model.CNN\n" in config and "_target_: mnist_ddp.model.MNISTClassifier\n" in config
-    (old_run / ".hydra" / "config.yaml").write_text(config)
-    checkpoint = old_run / "checkpoints" / Path(expected["checkpoint"]).name
+    checkpoint = run / "checkpoints" / Path(expected["checkpoint"]).name
     result = run_cli(
         f"data.data_dir={synthetic_data_dir}", "trainer.accelerator=cpu", "trainer.devices=2",
         "data.global_batch_size=64", f"ckpt_path={checkpoint}", log_dir=tmp_path, module="mnist_ddp.eval",

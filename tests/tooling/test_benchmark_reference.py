@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from ddp_engine.config.schema import register_configs
+from helpers import CONFIG_DIR
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from benchmarks import per_step, scaling
 from benchmarks.reference_ddp import make_model
-from mnist_ddp.project import CONFIG_DIR
 
 
 def test_reference_builds_the_fast_recipes_model_with_the_same_initial_weights():

@@ -22,14 +22,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from ddp_engine.config.schema import register_configs
-from helpers import REPO
+from helpers import CONFIG_DIR, REPO
 from hydra import compose, initialize_config_dir
 from torch import nn
 
 from benchmarks import gpu_check, per_step
 from benchmarks.gpu_check import CheckFailed, Results, Step
 from benchmarks.probe import BatchNormStats
-from mnist_ddp.project import CONFIG_DIR
 
 
 def make_plan(tmp_path: Path, gpus: int, *argv: str) -> dict[str, Step]:

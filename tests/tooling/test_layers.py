@@ -106,3 +106,39 @@ def test_the_engine_names_no_project():
     ]
     assert len(list((ROOT / "engine").rglob("*.py"))) > 60
     assert named == [], f"engine files that name the project {package!r}: {named}"
+
+
+def test_the_task_imports_the_engine_from_its_public_module_only():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "The task imports the engine from its public module only KEPT" in result.stdout
+
+
+def test_a_task_import_of_an_engine_module_names_the_public_name_to_use(tmp_path):
+    root = planted(tmp_path, "api.py", "")
+    module = root / "src" / "mnist_ddp" / "data" / "datamodule.py"
+    text = module.read_text()
+    module.write_text(text + "from ddp_engine.data.sharded import ShardedDataModule, WithIndices\n")
+    number = len(text.splitlines()) + 1
+    result = lint_imports(root)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "The task imports the engine from its public module only BROKEN" in result.stdout
+    said = " ".join(result.stdout.split())  # as one line: the output wraps at the terminal's width
+    assert (
+        f"mnist_ddp.data.datamodule imports ddp_engine.data.sharded (line {number}): "
+        "from ddp_engine.data.sharded import ShardedDataModule, WithIndices "
+        "instead: from ddp_engine.api import ShardedDataModule "
+        "(ddp_engine.api has no WithIndices: the engine keeps it to itself)"
+    ) in said, result.stdout
+
+
+def test_a_subpackage_of_ones_own_needs_no_contract_line(tmp_path):
+    root = planted(tmp_path, "api.py", "")
+    mine = root / "src" / "mnist_ddp" / "augmentations"
+    mine.mkdir()
+    (mine / "__init__.py").write_text("from ddp_engine.api import ConfigValueError\n\nERROR = ConfigValueError\n")
+    train = root / "src" / "mnist_ddp" / "train.py"
+    train.write_text(train.read_text() + "\nfrom mnist_ddp.augmentations import ERROR  # noqa\n")
+    result = lint_imports(root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "BROKEN" not in result.stdout

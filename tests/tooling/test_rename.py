@@ -215,12 +215,12 @@ def clean_env() -> dict[str, str]:
 
 
 def test_the_renamed_projects_make_test_passes(installed, tmp_path):
-    # The user's own data set, a folder of images, made the project's default (conf/config.yaml).
+    # The user's own data set, a folder of images, made the task's default (its Task's data).
     colours = make_image_folder(tmp_path / "colours", counts={"train": 6, "test": 2})
     (installed / "conf" / "data" / "colours.yaml").write_text(f"defaults:\n  - folder\n  - _self_\nroot: {colours}\n")
-    config = installed / "conf" / "config.yaml"
-    config.write_text(config.read_text().replace("  - data: mnist\n", "  - data: colours\n", 1))
-    assert "  - data: colours\n" in config.read_text()
+    task = installed / "src" / NEW_PACKAGE / "task.py"
+    task.write_text(task.read_text().replace('    data="mnist",\n', '    data="colours",\n', 1))
+    assert '    data="colours",\n' in task.read_text()
     env = clean_env()
     result = subprocess.run(
         ["make", "test", f"PYTEST_ARGS=-n 0 -p no:cacheprovider -rs {QUICK_TESTS}"],

@@ -20,7 +20,7 @@ from private_api import hidden_private_api, lost_lines
 from ddp_engine.core import compat
 from ddp_engine.distributed.checkpoint_io import LastCheckpoint, at_optimizer_step_boundary
 from ddp_engine.loggers.tensorboard_logger import TensorBoardLogger
-from sensor_task.task import Regressor, SensorDataModule, SensorNet, make_sensor_windows
+from sensor_task.regression import Regressor, SensorDataModule, SensorNet, make_sensor_windows
 
 #: Training windows, batches per optimizer step, global batch: 16 batches of 4 per epoch, 6 steps.
 TRAIN_WINDOWS, ACCUMULATE, GLOBAL_BATCH = 64, 3, 12

@@ -20,7 +20,7 @@ from harness import HERE, cli_command, cli_env, only, read_scalars, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ddp_engine.data.conformance import check_conformance
-from sensor_task.task import make_sensor_windows
+from sensor_task.regression import make_sensor_windows
 
 pytestmark = pytest.mark.processes
 
@@ -51,7 +51,7 @@ def params(run_dir):
 
 
 def test_its_datamodule_passes_the_conformance_check(windows):
-    report = check_conformance({"_target_": "sensor_task.task.SensorDataModule", "path": str(windows),
+    report = check_conformance({"_target_": "sensor_task.regression.SensorDataModule", "path": str(windows),
                                 "global_batch_size": 48})  # fmt: skip
     assert report.split_sizes == {"train": 600, "val": 97, "test": 131}
     for world_size in (2, 3):
@@ -154,8 +154,8 @@ def test_predict_and_export_refuse_a_task_that_has_none_in_one_line(trained, win
     result = run_cli(f"sensor_task.{command}", f"ckpt_path={checkpoint}", *extra, log_dir=tmp_path)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        f"Error: {command}: the task of ckpt_path={checkpoint} has no {command} (task.{command} is null in its "
-        "conf/task/ YAML): name one there (docs/customizing.md#a-task-of-your-own)."
+        f"Error: {command}: the task sensor_task has no {command}: declare one in its Task (sensor_task.task.TASK: "
+        f"{command}=TaskCommand(...); docs/customizing.md#a-task-of-your-own)."
     ]
     assert list(tmp_path.iterdir()) == [], "no run directory"
     assert sorted(path.name for path in (run / "checkpoints").iterdir()) == before, "no export beside the checkpoint"

@@ -1,10 +1,10 @@
 """``python -m sensor_task.eval ckpt_path=<checkpoint> [key=value ...]``: tests a checkpoint."""
 
-from ddp_engine.config.command_line import entry_point
+from ddp_engine.api import entry_point
 
-from .project import PROJECT
+from .task import TASK
 
-main, cli = entry_point(PROJECT, "eval", task="ddp_engine.run.evaluate:evaluate", result="checkpoint")
+main, cli = entry_point(TASK, "eval")
 
 if __name__ == "__main__":
     cli()

@@ -1,11 +1,11 @@
 """``python -m sensor_task.export ckpt_path=<checkpoint>``: the task declares no export
 (``task.export: null``), so the command refuses its checkpoints in one line."""
 
-from ddp_engine.config.command_line import entry_point
+from ddp_engine.api import entry_point
 
-from .project import PROJECT
+from .task import TASK
 
-main, cli = entry_point(PROJECT, "export", task="task.export.run", result="output", in_process=True)
+main, cli = entry_point(TASK, "export")
 
 if __name__ == "__main__":
     cli()

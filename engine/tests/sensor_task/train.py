@@ -1,10 +1,10 @@
 """``python -m sensor_task.train [key=value ...]``: trains and tests each job (``-m``: a sweep)."""
 
-from ddp_engine.config.command_line import entry_point
+from ddp_engine.api import entry_point
 
-from .project import PROJECT
+from .task import TASK
 
-main, cli = entry_point(PROJECT, "config", task="ddp_engine.run.train:fit_and_test")
+main, cli = entry_point(TASK, "train")
 
 if __name__ == "__main__":
     cli()

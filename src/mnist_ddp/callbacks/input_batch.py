@@ -1,7 +1,7 @@
 """What the network is fed: one training batch of an image classification task, as an image."""
 
 import lightning as L
-from ddp_engine.loggers.media import log_figure, media_loggers
+from ddp_engine.api import log_figure, media_loggers
 from typing_extensions import override
 
 from mnist_ddp.callbacks.figures import image_grid

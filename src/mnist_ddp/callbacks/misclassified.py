@@ -2,7 +2,7 @@
 
 import lightning as L
 import torch
-from ddp_engine.loggers.media import log_figure, media_loggers
+from ddp_engine.api import log_figure, media_loggers
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 

@@ -12,11 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ddp_engine.core.errors import ConfigValueError
-
-# GatherDataset and unrepeated_loader too: a DataModule of one's own imported them from here before
-# they moved to the engine's data/sharded.py.
-from ddp_engine.data.sharded import GatherDataset, ShardedDataModule, collate_for, unrepeated_loader  # noqa: F401
+from ddp_engine.api import ConfigValueError, ShardedDataModule, collate_for
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override

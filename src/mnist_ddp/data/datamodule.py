@@ -15,8 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
-from ddp_engine.core.errors import ConfigValueError
-from ddp_engine.data.sharded import GatherDataset
+from ddp_engine.api import ConfigValueError, GatherDataset
 from typing_extensions import override
 
 from mnist_ddp.data.base import ClassificationDataModule
@@ -80,6 +79,9 @@ class MNISTDataModule(ClassificationDataModule):
         DataFormatError: from :meth:`prepare_data`, :meth:`describe` and :meth:`setup`, see
             :func:`~mnist_ddp.data.idx.check_idx_split`.
     """
+
+    #: The data root may move between a run and its resume or evaluation.
+    loading_keys = (*ClassificationDataModule.loading_keys, "data_dir")
 
     def __init__(
         self,

@@ -30,9 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from ddp_engine.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
-from ddp_engine.core.files import write_json
-from ddp_engine.data.sharded import GatherDataset
+from ddp_engine.api import ConfigValueError, DataFormatError, DataNotAvailableError, GatherDataset, write_json
 from torch import Tensor
 from torch.utils.data import Dataset
 from typing_extensions import override
@@ -187,6 +185,10 @@ class ImageFolderDataModule(ClassificationDataModule):
             ``train/`` lacks, an image that cannot be decoded, mixed channel counts or image
             sizes without ``channels`` / ``image_size``; each names the file or folder and the fix.
     """
+
+    #: Where the folder and its survey are, and how much is held in memory, may change between a run
+    #: and its resume or evaluation.
+    loading_keys = (*ClassificationDataModule.loading_keys, "root", "cache_dir", "in_memory_limit_mib")
 
     def __init__(
         self,

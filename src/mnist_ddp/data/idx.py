@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 import numpy as np
 import torch
-from ddp_engine.core.errors import DataFormatError, DataNotAvailableError, first_line
+from ddp_engine.api import DataFormatError, DataNotAvailableError, first_line
 from torch import Tensor
 
 #: The four files of the original data set (http://yann.lecun.com/exdb/mnist/), uncompressed,

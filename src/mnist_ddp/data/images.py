@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from ddp_engine.core.errors import DataFormatError, DataNotAvailableError, first_line
+from ddp_engine.api import DataFormatError, DataNotAvailableError, first_line
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torchvision.transforms.v2.functional import resize

@@ -5,7 +5,7 @@ command refuses a path that names nothing before it imports torch and Lightning 
 from pathlib import Path
 from typing import Any
 
-from ddp_engine.core.errors import DataNotAvailableError
+from ddp_engine.api import DataNotAvailableError
 
 
 def check_predict_paths(cfg: Any) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ddp_engine.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
+from ddp_engine.api import ConfigValueError, DataFormatError, DataNotAvailableError
 from torch import Tensor
 from torch.utils.data import Dataset
 

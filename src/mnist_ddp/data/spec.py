@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.api import ConfigValueError
 from torch import Tensor
 
 #: The key under which a checkpoint holds its data set's spec (:meth:`DataSpec.to_dict`).

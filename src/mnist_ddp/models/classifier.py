@@ -9,8 +9,7 @@ from collections.abc import Callable, Mapping
 import lightning as L
 import torch
 import torch.nn.functional as F
-from ddp_engine.models.optimization import build_lr_scheduler, needs_total_steps
-from ddp_engine.models.step_logging import logs_this_step
+from ddp_engine.api import build_lr_scheduler, logs_this_step, needs_total_steps
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy

@@ -11,7 +11,7 @@ Add yours here (or in a module of your own) with the same three first arguments,
 
 from collections.abc import Sequence
 
-from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.api import ConfigValueError
 from torch import Tensor, nn
 
 

@@ -34,9 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from ddp_engine.core.errors import ExportError
-from ddp_engine.core.files import atomic_path
-from ddp_engine.models.build import build_model
+from ddp_engine.api import ExportError, atomic_path, build_model
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import Tensor, nn

@@ -7,8 +7,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ddp_engine.core.errors import ConfigValueError, ExportError
-from ddp_engine.core.files import check_writable
+from ddp_engine.api import ConfigValueError, ExportError, check_writable
 
 
 class ExportFormat(str, Enum):

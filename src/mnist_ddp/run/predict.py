@@ -25,13 +25,16 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from ddp_engine.callbacks.signals import stop_on_signals
-from ddp_engine.core.files import write_csv, write_json
-from ddp_engine.core.run_dir import METRICS_FILE
-from ddp_engine.data.sharded import unrepeated_loader
-from ddp_engine.models.build import build_model
-from ddp_engine.run.host_memory import keep_freed_host_memory
-from ddp_engine.run.trainer import build_trainer
+from ddp_engine.api import (
+    METRICS_FILE,
+    build_model,
+    build_trainer,
+    keep_freed_host_memory,
+    stop_on_signals,
+    unrepeated_loader,
+    write_csv,
+    write_json,
+)
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig

@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ddp_engine.config.compose import Job, child_config, sweep_jobs, task_overrides
 from ddp_engine.config.saved_run import CHECKPOINT_USES, apply_run_settings
-from ddp_engine.config.task_commands import imported, task_command
+from ddp_engine.config.task_commands import check_task_has, imported, task_command
 from ddp_engine.core.environment import external_launcher, launched_externally, launcher_rank, launcher_restarts
 from ddp_engine.core.errors import ConfigValueError, UsageError, first_line
 from ddp_engine.core.files import check_writable
@@ -50,18 +50,17 @@ from ddp_engine.distributed.layout import (
     per_device_batch_size,
     processes_per_node,
     resolve_devices,
+    scale_learning_rate,
     uses_cuda,
 )
 from ddp_engine.launch.supervisor import check_rendezvous_address, check_run_dir_free
 from ddp_engine.launch.sweep_launcher import hold_sweep
 from ddp_engine.loggers.trackers import check_tracker_packages
 from ddp_engine.models.build import build_model
-from ddp_engine.models.optimization import build_lr_scheduler
-from ddp_engine.project import current
+from ddp_engine.models.optimization import build_lr_scheduler, optimizer_lr
+from ddp_engine.task import current
 
 T = TypeVar("T")
-#: The commands whose work is the task's own (``task.predict``, ``task.export``): a task may have none.
-TASK_COMMANDS = ("predict", "export")
 
 #: The entry points that apply a training run's checkpoint instead of training, with what each
 #: does with it (for the messages): they take the model and the data set of the checkpoint's run.
@@ -93,11 +92,7 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
         cfg = job.cfg
         if not training:  # the checkpoint's run's model and data set, as the entry point applies them
             apply_run_settings(cfg, job.overrides, config_name)
-        if config_name in TASK_COMMANDS and task_command(cfg, config_name) is None:
-            raise ConfigValueError(
-                f"{config_name}: the task of ckpt_path={cfg.ckpt_path} has no {config_name} (task.{config_name} is "
-                "null in its conf/task/ YAML): name one there (docs/customizing.md#a-task-of-your-own)."
-            )
+        check_task_has(config_name, cfg)
         if config_name == "export":
             datamodule = check_export_job(cfg)
         else:
@@ -161,7 +156,7 @@ def check_model(
     except InstantiationException as error:
         raise _one_line("model", model_cfg, error) from None
     if config_name not in CHECKPOINT_USES:
-        check_schedule(cfg.trainer, model, model_cfg)
+        check_schedule(cfg, model, model_cfg)
         for group, module in (("model", model), ("data", datamodule)):
             check_saved_hyperparameters(group, module)
     return model
@@ -544,19 +539,25 @@ def check_export_job(cfg: DictConfig) -> L.LightningDataModule:
     return built["data"]
 
 
-def check_schedule(trainer: DictConfig, model: L.LightningModule, model_cfg: DictConfig) -> None:
-    """Refuse a run that would train nothing, and build the optimizer over ``model``'s parameters and
-    its scheduler once from ``model_cfg`` (the ``model`` node), as ``configure_optimizers`` will in
-    every process, so that the values torch refuses (a negative learning rate) are one line here
-    instead of an error in every process after they started.
+def check_schedule(cfg: DictConfig, model: L.LightningModule, model_cfg: DictConfig) -> None:
+    """Refuse a run that would train nothing or a learning-rate scaling that cannot apply, and build
+    the optimizer over ``model``'s parameters and its scheduler once from ``model_cfg`` (the ``model``
+    node, where it has them), as ``configure_optimizers`` will in every process, so that the values
+    torch refuses (a negative learning rate) are one line here instead of an error in every process
+    after they started.
 
     Raises:
         ConfigValueError: naming the key and torch's reason.
     """
+    trainer = cfg.trainer
     if trainer.max_epochs == 0 or trainer.max_epochs < -1:
         raise ConfigValueError(
             f"trainer.max_epochs={trainer.max_epochs} trains nothing: set at least 1 (or -1 with trainer.max_steps)."
         )
+    lr = optimizer_lr(model_cfg)
+    scale_learning_rate(lr, cfg.data.global_batch_size, cfg.lr_scaling.reference_batch_size, cfg.lr_scaling.rule)
+    if model_cfg.get("optimizer") is None:
+        return
     # The partials were built with the model (build_model), so only torch's own checks can fail here.
     try:
         optimizer = instantiate(model_cfg.optimizer)(params=model.parameters())
@@ -566,7 +567,7 @@ def check_schedule(trainer: DictConfig, model: L.LightningModule, model_cfg: Dic
         given = ", ".join(f"model.optimizer.{key}={value}" for key, value in arguments if key[0] != "_")
         raise ConfigValueError(f"model.optimizer: {error} (its arguments: {given}).") from None
     try:
-        scheduler = instantiate(model_cfg.scheduler) if model_cfg.scheduler is not None else None
+        scheduler = instantiate(model_cfg.scheduler) if model_cfg.get("scheduler") is not None else None
         build_lr_scheduler(scheduler, optimizer, total_steps=1)  # the run's step count is known only once it runs
     except (ValueError, TypeError) as error:
         raise ConfigValueError(f"model.scheduler: {error}") from None

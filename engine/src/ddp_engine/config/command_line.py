@@ -1,4 +1,4 @@
-"""The command line of ``python -m <project>.<train|eval|predict|export>``: checked, then run.
+"""The command line of ``python -m <package>.<train|eval|predict|export>``: checked, then run.
 
 The check comes in two steps, both before Hydra creates a run directory and before any process
 starts. First the keys and types (:mod:`ddp_engine.config.compose`), with Hydra and OmegaConf alone:
@@ -22,7 +22,7 @@ from ddp_engine.config.compose import Job, composed_jobs, with_trainer_arguments
 from ddp_engine.config.resume import in_place_run_dir, override_key, resume_arguments
 from ddp_engine.config.saved_run import CHECKPOINT_USES, apply_run_settings, run_data_option
 from ddp_engine.config.schema import register_configs
-from ddp_engine.config.task_commands import imported, task_command, task_function
+from ddp_engine.config.task_commands import check_task_has, imported, task_command, task_function
 from ddp_engine.core.compat import tell_hydra_the_mode
 from ddp_engine.core.console import drop_output_when_closed
 from ddp_engine.core.environment import launched_externally, launcher_rank
@@ -31,39 +31,59 @@ from ddp_engine.core.lifetime import end_at_once_on_stop_signals, end_with_paren
 from ddp_engine.core.run_dir import check_checkpoint_file
 from ddp_engine.launch.parallel_jobs import SWEEP_ENV
 from ddp_engine.launch.sweep_summary import failed_jobs
-from ddp_engine.project import Project, register
+from ddp_engine.task import Task, register
 
 log = logging.getLogger(__name__)
 
 
-def entry_point(
-    project: Project, config_name: str, task: str, result: str | None = None, in_process: bool = False
-) -> tuple[Callable[[], object], Callable[[], None]]:
-    """The two functions of one command, ``python -m <project>.<train|eval|predict|export>``: its
-    ``main`` (Hydra's entry point, which runs each job) and ``cli`` (what the module and its console
-    script run: :func:`run_entry_point`, then, unless the task runs in this process, the process's
-    end without the interpreter's teardown: :func:`~ddp_engine.core.lifetime.exit_without_teardown`).
+@dataclass(frozen=True)
+class Command:
+    """One of the engine's commands, as :func:`entry_point` runs it.
+
+    Attributes:
+        config_name: its top-level config in the task's ``conf/`` (which starts from ``engine/<command>``).
+        function: ``module:function`` of what one process of a job does, or the config key that holds
+            it (``task.predict.run``: the task's own; :func:`task_function`); imported by ``main``
+            only, so that a bad command line is refused before torch and Lightning are imported.
+        result: the key of the job's metrics that ``main`` returns; None: the task's objective
+            (``task.objective``: what a sweeper optimizes), which the job also records in ``metrics.json``.
+        in_process: run in the command's own process, with no process group (export).
+    """
+
+    config_name: str
+    function: str
+    result: str | None = None
+    in_process: bool = False
+
+
+#: The commands of every task: ``python -m <package>.<name>``.
+COMMANDS = {
+    "train": Command("config", "ddp_engine.run.train:fit_and_test"),
+    "eval": Command("eval", "ddp_engine.run.evaluate:evaluate", result="checkpoint"),
+    "predict": Command("predict", "task.predict.run", result="predictions"),
+    "export": Command("export", "task.export.run", result="output", in_process=True),
+}
+
+
+def entry_point(task: Task, command: str) -> tuple[Callable[[], object], Callable[[], None]]:
+    """The two functions of ``python -m <package>.<command>`` (a key of :data:`COMMANDS`): its ``main``
+    (Hydra's entry point, which runs each job) and ``cli`` (what the module and its console script
+    run: :func:`run_entry_point`, then, unless the command runs in this process, the process's end
+    without the interpreter's teardown: :func:`~ddp_engine.core.lifetime.exit_without_teardown`).
 
     Args:
-        project: the project whose command this is (:func:`ddp_engine.project.register`s it).
-        config_name: the command's top-level config in the project's ``conf/`` (``config``, ``eval``, ...).
-        task: ``module:function`` of what one process of a job does (``ddp_engine.run.train:fit_and_test``),
-            or the config key that holds it (``task.predict``: the task's own, declared in
-            ``conf/task/``; :func:`task_function`); imported by ``main`` only, so that a bad command
-            line is refused before torch and Lightning are imported (seconds).
-        result: the key of the job's metrics that ``main`` returns (``predictions``, ``output``);
-            None (default): the task's objective (``task.objective``: what a sweeper optimizes),
-            which the job also records in ``metrics.json``.
-        in_process: run the task in the command's own process, with no process group (export).
+        task: the task whose command this is (:func:`ddp_engine.task.register`s it).
+        command: ``train``, ``eval``, ``predict`` or ``export``.
     """
-    register(project)
+    register(task)
     register_configs()
+    config_name, function, result, in_process = vars(COMMANDS[command]).values()
 
-    @hydra.main(config_path=str(project.config_dir), config_name=config_name, version_base="1.3")
+    @hydra.main(config_path=str(task.configs()), config_name=config_name, version_base="1.3")
     @exit_on_usage_error
     def main(cfg: DictConfig) -> object:
         objective = cfg.task.objective if result is None else None
-        return run_command(cfg, config_name, task, in_process, objective=objective).get(result or objective)
+        return run_command(cfg, config_name, function, in_process, objective=objective).get(result or objective)
 
     def cli() -> None:
         if in_process:
@@ -71,7 +91,7 @@ def entry_point(
             # exit, whose teardown finalizes, and so flushes and closes, every object still holding one.
             run_entry_point(main, config_name)
             return
-        exit_without_teardown(lambda: run_entry_point(main, config_name, task))
+        exit_without_teardown(lambda: run_entry_point(main, config_name, function))
 
     return main, cli
 
@@ -102,7 +122,7 @@ def run_command(cfg: DictConfig, config_name: str, task: str, in_process: bool, 
 
 
 def run_entry_point(main: Callable[[], object], config_name: str, task: str | None = None) -> None:
-    """What ``python -m <project>.<train|eval|predict|export>`` does.
+    """What ``python -m <package>.<train|eval|predict|export>`` does.
 
     The command line is checked first (:func:`check_command_line`): a bad one exits with status 1
     and one line on stderr; a stop signal before the job's own handlers are installed ends the
@@ -193,6 +213,7 @@ def check_command_line(config_name: str, args: Sequence[str], task: str | None =
     Raises:
         UsageError: the first problem found, as one line.
     """
+    check_task_has(config_name)  # before its keys, which a task without the command does not have
     jobs = composed_jobs(config_name, args)
     # Read before the checks, which drop each job's hydra node (as the jobs' own configs have none).
     checked = CheckedCommand(mode=jobs[0].cfg.hydra.get("mode")) if jobs else None
@@ -229,7 +250,7 @@ def _named_run_dir(jobs: Sequence[Job]) -> Path | None:
 
 def check_paths(config_name: str, cfg: DictConfig) -> None:
     """Refuse, before torch and Lightning are imported (seconds), the paths of a job of
-    ``python -m <project>.<config_name>`` that need no torch to refuse: a checkpoint that names no
+    ``python -m <package>.<config_name>`` that need no torch to refuse: a checkpoint that names no
     file, and, for a command of the task's own (predict, export), what its ``check_paths`` refuses
     (a prediction's ``input`` that names nothing, an export's output that exists). What is in the
     files is checked with the values (:func:`ddp_engine.config.checks.check_jobs`).

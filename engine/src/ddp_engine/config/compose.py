@@ -27,7 +27,7 @@ from ddp_engine.config.resume import override_key
 from ddp_engine.config.schema import TrainerConfig, register_configs
 from ddp_engine.core.compat import declared_type
 from ddp_engine.core.errors import ConfigValueError, UsageError, first_line
-from ddp_engine.project import current
+from ddp_engine.task import current
 
 
 @dataclasses.dataclass
@@ -44,18 +44,26 @@ class Job:
     command: list[str] = dataclasses.field(default_factory=list)
 
 
-#: The data YAMLs that hold the keys the data sets share (the engine's ``sharded``, the image data
-#: sets' ``base``): what the options build on, not options.
-DATA_BASES = {("data", "sharded"), ("data", "base")}
-
-
 def group_options(group: str) -> list[str]:
     """The options of config group ``group`` (``logger``: ``csv``, ``tensorboard``, ...) on Hydra's
-    search path: the project's ``conf/`` and the engine's (:mod:`ddp_engine.conf`), less the schemas
-    (``*_schema``, the ConfigStore's) and :data:`DATA_BASES`. Inside an initialized Hydra only
-    (``initialize_config_dir``)."""
-    names = GlobalHydra.instance().config_loader().get_group_options(group, results_filter=ObjectType.CONFIG)
-    return [name for name in names if not name.endswith("_schema") and (group, name) not in DATA_BASES]
+    search path: the task's ``conf/`` and the engine's (:mod:`ddp_engine.conf`), less the schemas
+    (``*_schema``, the ConfigStore's) and, of ``data``, the YAMLs that build no DataModule (they
+    hold keys that data sets share: their bases). Inside an initialized Hydra only (``initialize_config_dir``)."""
+    loader = GlobalHydra.instance().config_loader()
+    names = loader.get_group_options(group, results_filter=ObjectType.CONFIG)
+    return [name for name in names if not name.endswith("_schema") and (group != "data" or _names_target(group, name))]
+
+
+def _names_target(group: str, name: str) -> bool:
+    """Whether the YAML ``<group>/<name>`` (its first on the search path) names a ``_target_``, itself
+    or through the configs of its group that its defaults list starts from."""
+    path = f"{group}/{name}"
+    source = next(source for source in GlobalHydra.instance().config_loader().get_sources() if source.is_config(path))
+    config = source.load_config(path).config
+    if "_target_" in config and not OmegaConf.is_missing(config, "_target_"):
+        return True
+    bases = [entry for entry in config.get("defaults", []) if isinstance(entry, str) and entry != "_self_"]
+    return any(_names_target(group, base) for base in bases if "/" not in base)
 
 
 def composed_jobs(config_name: str, args: Sequence[str]) -> list[Job]:
@@ -81,7 +89,7 @@ def composed_jobs(config_name: str, args: Sequence[str]) -> list[Job]:
             raise ConfigValueError(f"{key} is empty (an unset shell variable?): give a folder, or leave {key} out.")
     register_configs()
     multirun = bool(flags)
-    with initialize_config_dir(config_dir=str(current().config_dir), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(current().configs()), version_base="1.3"):
         return [
             Job(job, _compose(config_name, job), multirun, overrides)
             for job in (sweep_jobs(overrides) if multirun else [overrides])
@@ -210,12 +218,13 @@ def with_trainer_arguments(args: Sequence[str]) -> list[str]:
 
 
 def check_data_target(cfg: DictConfig) -> None:
-    """Refuse ``data._target_`` set to another class than the one its data set's schema describes
-    (``data._target_=my_project.MyDataModule`` on top of ``data=mnist``): the other keys would be
-    the template's data set's, not that class's.
+    """Refuse a ``data`` option that builds no DataModule (a base of data sets), and ``data._target_``
+    set to another class than the one its data set's schema says it builds (its ``builds``, a class
+    variable: ``data._target_=my_project.MyDataModule`` on top of ``data=mnist``): the other keys would
+    be that data set's, not that class's.
 
     Raises:
-        UsageError: naming the class and the way: a YAML of its own in ``conf/data/``.
+        UsageError: naming the option or the class, and the way: a YAML of its own in ``conf/data/``.
     """
     data = cfg.get("data")
     if isinstance(data, DictConfig) and "_target_" not in data:
@@ -224,32 +233,38 @@ def check_data_target(cfg: DictConfig) -> None:
             f"data={option} builds no DataModule (it names no _target_): it holds keys that data sets share. "
             "Choose a data set: an option of conf/data/ that names its DataModule (docs/customizing.md)."
         )
-    expected = current().data_schema_targets.get(OmegaConf.get_type(data)) if isinstance(data, DictConfig) else None
+    expected = getattr(OmegaConf.get_type(data), "builds", None) if isinstance(data, DictConfig) else None
     if expected is not None and data.get("_target_") != expected:
         raise UsageError(
             f"data._target_={data._target_}: the keys of this data option are {expected}'s. A DataModule of your "
-            f"own gets a YAML of its own, conf/data/<name>.yaml (defaults: [base, _self_], then _target_: "
-            f"{data._target_} and its arguments), used with data=<name> (docs/customizing.md#a-datamodule-of-your-own)."
+            f"own gets a YAML of its own, conf/data/<name>.yaml (its _target_: {data._target_}, and its "
+            "arguments), used with data=<name> (docs/customizing.md#a-datamodule-of-your-own)."
         )
 
 
-@functools.cache
-def constructor_arguments(target: str) -> tuple[str, ...] | None:
-    """The keyword arguments that the class ``target`` (an import path) takes, following ``**kwargs``
-    up its base classes (a subclass that passes them on to its base takes the base's too); None
-    when it takes any (``**kwargs`` all the way up).
+#: The nodes checked against the arguments of their ``_target_`` class where no schema types them.
+SIGNATURE_CHECKED = ("data.", "model.")
 
-    The class is imported: this serves the ``data`` of a DataModule of the user's own, which has
-    no schema (the template's data sets have theirs, checked without importing anything).
+
+@functools.cache
+def constructor_arguments(target: str, key: str = "data") -> tuple[str, ...] | None:
+    """The keyword arguments that the class ``target`` (an import path; ``key._target_``, for the
+    message) takes, following ``**kwargs`` up its base classes (a subclass that passes them on to its
+    base takes the base's too); None when it takes any (``**kwargs`` all the way up).
+
+    Read from the class's source where its ``__init__`` names every argument (:func:`_source_arguments`:
+    importing a LightningModule imports torch and Lightning, seconds), else from the imported class.
 
     Raises:
         UsageError: when ``target`` cannot be imported, naming it.
     """
     module, _, name = target.rpartition(".")
+    if (found := _source_arguments(module, name)) is not None:
+        return found
     try:
         found = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as error:
-        raise UsageError(f"data._target_={target} cannot be imported ({first_line(error)}).") from None
+        raise UsageError(f"{key}._target_={target} cannot be imported ({first_line(error)}).") from None
     names: list[str] = []
     for klass in inspect.getmro(found) if isinstance(found, type) else ():
         if "__init__" not in vars(klass):
@@ -263,6 +278,25 @@ def constructor_arguments(target: str) -> tuple[str, ...] | None:
     return None
 
 
+def _source_arguments(module: str, name: str) -> tuple[str, ...] | None:
+    """The arguments of class ``name``'s ``__init__`` in ``module``'s source file, parsed, not
+    imported; None where that does not tell them all (no such source or class, no ``__init__`` of
+    its own, ``**kwargs``)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    tree = ast.parse(Path(spec.origin).read_text())
+    klass = next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name), None)
+    body = klass.body if klass is not None else []
+    init = next((node for node in body if isinstance(node, ast.FunctionDef) and node.name == "__init__"), None)
+    if init is None or init.args.kwarg is not None:
+        return None
+    return tuple(argument.arg for argument in [*init.args.args[1:], *init.args.kwonlyargs])
+
+
 def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     """The dotted keys under ``node`` that its schema (a dataclass of :mod:`ddp_engine.config.schema`)
     does not have: added with ``+``, by a typo or for an option that does not exist. The nodes the
@@ -274,8 +308,8 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     class's arguments (:func:`constructor_arguments`)."""
     schema = OmegaConf.get_type(node)
     if not dataclasses.is_dataclass(schema):
-        if prefix == "data." and isinstance(node.get("_target_"), str):
-            known = constructor_arguments(node._target_)
+        if prefix in SIGNATURE_CHECKED and isinstance(node.get("_target_"), str):
+            known = constructor_arguments(node._target_, prefix[:-1])
             return [] if known is None else [f"{prefix}{key}" for key in node if key not in (*known, "_target_")]
         return []
     known = _schema_fields(schema) | ({"hydra"} if not prefix else set())
@@ -315,8 +349,8 @@ def _unknown_key(key: str, cfg: DictConfig) -> str:
     if parent == "trainer":
         keys = sorted(trainer_arguments())
         allowed = "trainer takes the arguments of lightning.pytorch.Trainer"
-    elif parent == "data" and not dataclasses.is_dataclass(schema) and isinstance(node, DictConfig):
-        keys = sorted(constructor_arguments(node._target_) or ())
+    elif f"{parent}." in SIGNATURE_CHECKED and not dataclasses.is_dataclass(schema) and isinstance(node, DictConfig):
+        keys = sorted(constructor_arguments(node._target_, parent) or ())
         allowed = f"{node._target_} takes {', '.join(keys)}"
     else:
         if dataclasses.is_dataclass(schema):

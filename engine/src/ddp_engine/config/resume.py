@@ -4,25 +4,33 @@ directory, with its own configuration, read from the directory.
 The run's command-line overrides (``.hydra/overrides.yaml``, written by Hydra when it started) are
 put in front of this command's, so the config composes as the run's did; this command's overrides
 win where they set the same key. Those that would change the run's arithmetic (the global batch,
-the schedule, the model, the data split and order, the seed) are refused, naming the run's value:
-a resume continues the same optimization, it does not start another. The rest (``trainer.devices``,
-logging, callbacks, the launcher) apply.
+the schedule, the model, the data set and its split and order, the seed) are refused, naming the
+run's value: a resume continues the same optimization, it does not start another. The rest
+(``trainer.devices``, logging, callbacks, the launcher, where the data is and how it loads: the
+DataModule's ``loading_keys``) apply.
 """
 
 from collections.abc import Sequence
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from ddp_engine.core.errors import ConfigValueError
 
-#: Keys (and the groups under them) that a resume in place must not change.
+#: Keys (and the groups under them) that a resume in place must not change; of ``data``, every key
+#: but the DataModule's loading keys (:func:`ddp_engine.config.saved_run.loading_keys`).
 ARITHMETIC_KEYS = (
-    "model", "data.global_batch_size", "data.val_size", "data.split_seed", "data.shuffle_seed", "seed",
-    "trainer.max_epochs", "trainer.max_steps", "trainer.limit_train_batches", "trainer.accumulate_grad_batches",
-    "lr_scaling",
+    "model", "data", "seed", "trainer.max_epochs", "trainer.max_steps", "trainer.limit_train_batches",
+    "trainer.accumulate_grad_batches", "lr_scaling",
 )  # fmt: skip
+
+
+def _loading_keys(saved_config: DictConfig) -> tuple[str, ...]:
+    # torch only now, for a resume that changes a data key (its DataModule's class is imported).
+    from ddp_engine.config.saved_run import loading_keys
+
+    return loading_keys(saved_config.data) if "data" in saved_config else ()
 
 
 def override_key(override: str) -> str:
@@ -58,6 +66,8 @@ def resume_arguments(run_dir: Path, args: Sequence[str]) -> list[str]:
     for arg in given:
         key = override_key(arg)
         if not any(key == fixed or key.startswith(f"{fixed}.") for fixed in ARITHMETIC_KEYS):
+            continue
+        if key.startswith("data.") and key.split(".")[1] in _loading_keys(saved_config):
             continue
         was = saved_by_key.get(key)
         if was is not None and was.lstrip("+~") == arg.lstrip("+~"):

@@ -5,10 +5,11 @@ the data set it trained on.
 ``.hydra/config.yaml`` and uses the data set the run trained on (its whole ``data`` node), so that
 a network trained on Fashion-MNIST or on a folder of images is not scored on MNIST, nor fed
 MNIST's normalization, because the command's defaults say MNIST: the checkpoint is all such a
-command needs. Where the files are and how they are loaded (:data:`LOADING_KEYS`) can be the
+command needs. Where the files are and how they are loaded (the DataModule's ``loading_keys``) can be the
 command's own, by its command line.
 """
 
+import importlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from ddp_engine.config.schema import ModelConfig, TaskConfig, upgrade_targets
+from ddp_engine.config.schema import TaskConfig
 from ddp_engine.core.errors import ConfigValueError
 
 log = logging.getLogger(__name__)
@@ -39,13 +40,15 @@ def run_data_option(checkpoint: Path) -> str | None:
     return str(choice) if choice else None
 
 
-#: The keys of ``data`` that say where a data set is and how it is loaded, not which data set it is:
-#: a command that applies a run's checkpoint takes them from its own command line when it sets them.
-#: Every other key says which data set the run trained on; the command may not contradict it.
-LOADING_KEYS = (
-    "data_dir", "root", "cache_dir", "global_batch_size", "num_workers", "on_device", "prepare_data_per_node",
-    "in_memory_limit_mib",
-)  # fmt: skip
+def loading_keys(data: DictConfig) -> tuple[str, ...]:
+    """The keys of ``data`` (a ``data`` node) that its DataModule declares as where and how its data
+    is loaded (``ShardedDataModule.loading_keys``; the class is imported); none for a class that
+    cannot be imported or declares none: then every key is the run's."""
+    module, _, name = str(data.get("_target_", "")).rpartition(".")
+    try:
+        return tuple(getattr(getattr(importlib.import_module(module), name), "loading_keys", ()))
+    except (ImportError, AttributeError, ValueError):
+        return ()
 
 
 def run_config_path(checkpoint: Path) -> Path:
@@ -54,10 +57,9 @@ def run_config_path(checkpoint: Path) -> Path:
 
 
 def saved_run_config(checkpoint: Path) -> DictConfig | None:
-    """The config of the run that wrote ``checkpoint``, with the ``_target_``s of earlier versions
-    renamed to today's (:func:`~ddp_engine.config.schema.upgrade_targets`); None without one."""
+    """The config of the run that wrote ``checkpoint``; None without one."""
     path = run_config_path(checkpoint)
-    return upgrade_targets(OmegaConf.load(path)) if path.is_file() else None
+    return OmegaConf.load(path) if path.is_file() else None
 
 
 def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: str, log_them: bool = False) -> None:
@@ -91,8 +93,8 @@ def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: s
     run = saved_run_config(checkpoint)
     taken = data_set_of_run(cfg, run, checkpoint, overrides)
     if run is not None:
-        # Typed as the schema types this command's model (a plain node is refused there).
-        cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), run.model)
+        with open_dict(cfg):
+            cfg.model = run.model
         parsed = OverridesParser.create().parse_overrides(list(overrides))
         if "task" in run and "task" in cfg and not any(override.key_or_group == "task" for override in parsed):
             cfg.task = task_of_run(cfg.task, run.task, parsed)
@@ -115,10 +117,12 @@ def task_of_run(task: DictConfig, run_task: DictConfig, overrides: Sequence[Over
     ``task.`` keys applied: a key set (``task.metrics=[test/mse]``, ``+task.x=1``) takes its value in
     ``task``, this command's composed task, which holds them (``overrides``: parsed by Hydra's
     ``OverridesParser``); a key removed (``~task.callbacks.<name>``)
-    is removed. So ``eval`` of a regression run with ``task.metrics=...`` evaluates the regression, not
-    the command's default task."""
+    is removed. So ``eval`` of a run trained with ``task.metrics=...`` shows that run's metrics. Its
+    ``predict`` and ``export`` are this command's, the task's code as it is now: where its functions
+    are, and whether it has them, are not the run's to say."""
     composed = OmegaConf.create({"task": OmegaConf.to_container(task, resolve=False)})
-    result = OmegaConf.create({"task": OmegaConf.merge(OmegaConf.structured(TaskConfig), run_task)})
+    commands = {command: composed.task.get(command) for command in ("predict", "export")}
+    result = OmegaConf.create({"task": OmegaConf.merge(OmegaConf.structured(TaskConfig), run_task, commands)})
     for override in overrides:
         path = override.key_or_group
         if not path.startswith("task."):
@@ -135,7 +139,9 @@ def task_of_run(task: DictConfig, run_task: DictConfig, overrides: Sequence[Over
 
 def data_set_of_run(cfg: DictConfig, run: DictConfig | None, checkpoint: Path, overrides: Sequence[str]) -> list[str]:
     """Replace ``cfg.data``, this command's data config, by the ``data`` node of the run that wrote
-    ``checkpoint``, keeping the :data:`LOADING_KEYS` that this command's ``overrides`` set.
+    ``checkpoint``, keeping the keys that this command's ``overrides`` set among those its DataModule
+    declares as loading keys (:func:`loading_keys`) and ``global_batch_size`` (an evaluation's batch
+    changes none of its results).
 
     Args:
         cfg: this command's config.
@@ -159,9 +165,10 @@ def data_set_of_run(cfg: DictConfig, run: DictConfig | None, checkpoint: Path, o
     if "" in explicit and explicit[""] == run_data_option(checkpoint):
         del explicit[""]  # the run's own data option (the entry point puts it in front): its values are the run's
     ours, theirs = cfg.data, run.data
+    loading = {*loading_keys(theirs), "global_batch_size"}
     taken = []
     for key in dict.fromkeys([*theirs, *ours]):
-        if key in LOADING_KEYS:
+        if key in loading:
             continue
         mine, run_value = _plain(ours.get(key)), _plain(theirs.get(key))
         if mine == run_value:
@@ -177,7 +184,7 @@ def data_set_of_run(cfg: DictConfig, run: DictConfig | None, checkpoint: Path, o
             taken.append(f"data.{key}={run_value}")
     data = OmegaConf.create(OmegaConf.to_container(theirs, resolve=False))
     written = OmegaConf.to_container(ours, resolve=False)  # as given: an interpolation stays one
-    for key in LOADING_KEYS:
+    for key in loading:
         if key in explicit and key in ours and key in theirs:
             data[key] = written[key]
     with open_dict(cfg):

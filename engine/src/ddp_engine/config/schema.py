@@ -6,8 +6,8 @@ into these dataclasses, so a mistyped key (``data.global_batchsize=64``) or a wr
 (``trainer.max_epochs=three``) is refused while the config is composed, before any process
 or DDP process group exists.
 
-A project adds the schemas of its own configs (its data sets', its commands'):
-:attr:`ddp_engine.project.Project.register_schemas`.
+A task adds the schemas of its own configs (its data sets', its commands'):
+:attr:`ddp_engine.task.Task.schemas`.
 
 Every field is ``MISSING`` here: the values are in ``conf/``, one place per default (a test,
 ``tests/config/test_defaults.py``, keeps it so and compares the YAML with the signatures of the
@@ -18,28 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, OmegaConf
 
 from ddp_engine.core.environment import run_stamp
 from ddp_engine.core.objective import Mode
 from ddp_engine.distributed.options import CommHook, LRScaling
-from ddp_engine.project import current
-
-
-@dataclass
-class ModelConfig:
-    """``model`` group: arguments of the task's LightningModule (its ``_target_``).
-
-    ``net``, ``optimizer`` and ``scheduler`` are Hydra ``_target_`` nodes; their keys are
-    checked when they are instantiated (still before any process launches).
-    """
-
-    _target_: str = MISSING
-    net: Any = MISSING
-    optimizer: Any = MISSING
-    scheduler: Any = MISSING
-    scheduler_interval: str = MISSING
-    compile: bool = MISSING
+from ddp_engine.task import current
 
 
 @dataclass
@@ -60,16 +44,11 @@ class TaskCommandConfig:
 
 @dataclass
 class TaskConfig:
-    """``task`` group: what the engine learns from the task (``conf/task/classification.yaml``).
-
-    ``objective``: the metric (a tag the LightningModule logs in validation) that chooses the best
-    checkpoint and that a sweep optimizes; ``mode``: :class:`~ddp_engine.core.objective.Mode`;
-    ``metrics``: the tags shown in the final lines, ``summary.csv`` and HPARAMS; ``callbacks``: the
-    task's own callbacks (figures), a name each, given to every Trainer beside ``callbacks``;
-    ``predict`` and ``export``: what ``python -m <project>.predict`` / ``export`` run with a
-    checkpoint of the task (:class:`TaskCommandConfig`), or None for a task that has none (refused
-    in one line).
-    """
+    """``task``: the facts of the task (:class:`ddp_engine.task.Task`, which fills this node), each
+    of which a command line may change (``task.objective=val/loss``): ``objective``, ``mode``
+    (:class:`~ddp_engine.core.objective.Mode`), ``metrics``, ``callbacks`` (a Hydra node each, given to
+    every Trainer beside ``callbacks``), ``predict`` and ``export`` (:class:`TaskCommandConfig`, or None
+    for a task that has none: refused in one line)."""
 
     objective: str = MISSING
     mode: Mode = MISSING
@@ -147,11 +126,12 @@ class StrategyConfig:
 
 @dataclass
 class LRScalingConfig:
-    """``lr_scaling``: ``model.optimizer.lr`` is the rate at ``reference_batch_size``; see
+    """``lr_scaling``: ``model.optimizer.lr`` is the rate at ``reference_batch_size`` (the task's; None:
+    not known, and a ``rule`` other than ``none`` is refused); see
     :func:`ddp_engine.distributed.layout.scale_learning_rate`."""
 
     rule: LRScaling = MISSING
-    reference_batch_size: int = MISSING
+    reference_batch_size: int | None = MISSING
 
 
 @dataclass
@@ -237,13 +217,14 @@ class PathsConfig:
 @dataclass
 class JobConfig:
     """What every entry point's config holds: the task's facts, the groups that build the DataModule,
-    model and DDP Trainer. ``callbacks`` maps a name to a Lightning callback's ``_target_`` node. ``data`` is
-    typed by its data set's own schema (a :class:`DataConfig`), or by none for a DataModule of
-    your own."""
+    model and DDP Trainer. ``callbacks`` maps a name to a Lightning callback's ``_target_`` node.
+    ``data`` is typed by its data set's own schema where the task gives one, else checked against its
+    class's signature; so is ``model`` (the task's LightningModule: the engine reads its
+    ``optimizer``, where it has one: the learning-rate scaling, the check before launch)."""
 
     task: TaskConfig = MISSING
     data: Any = MISSING
-    model: ModelConfig = MISSING
+    model: Any = MISSING
     trainer: TrainerConfig = MISSING
     strategy: StrategyConfig = MISSING
     logger: LoggerConfig = MISSING
@@ -275,44 +256,54 @@ class EvalConfig(JobConfig):
     ckpt_path: str = MISSING
 
 
-def upgrade_targets(node: Any) -> Any:
-    """``node`` (a config read from a run's ``.hydra/config.yaml``, or any part of one) with every
-    ``_target_`` that names a class where an earlier version of this template had it renamed to
-    where it is now (the project's ``moved_modules`` and ``moved_classes``:
-    :class:`~ddp_engine.project.Project`), in place; returns ``node``."""
-    if isinstance(node, DictConfig):
-        for key, value in node.items_ex(resolve=False):  # unresolved: ${hydra:...} has no value here
-            if key == "_target_" and isinstance(value, str):
-                module, _, name = value.rpartition(".")
-                moved_modules, moved_classes = current().moved_modules, current().moved_classes
-                node[key] = moved_classes.get(value) or (
-                    f"{moved_modules[module]}.{name}" if module in moved_modules else value
-                )
-            else:
-                upgrade_targets(value)
-    elif isinstance(node, ListConfig):
-        for index in range(len(node)):
-            if not OmegaConf.is_interpolation(node, index):  # unresolved, as above
-                upgrade_targets(node[index])
-    return node
+@dataclass
+class PredictConfig(JobConfig):
+    """The composed config of ``python -m <package>.predict``: the engine's keys; a task's predict adds
+    its own (its inputs) with a schema of its own under the same name, ``predict_schema``.
+    ``ckpt_path`` is required: as for eval, the model comes from the checkpoint's run."""
+
+    ckpt_path: str = MISSING
+
+
+@dataclass
+class ExportConfig:
+    """The composed config of ``python -m <package>.export``: one process, no Trainer (so no
+    ``trainer``, ``strategy``, ``logger``, ``callbacks`` or ``launcher``); a task's export adds its own
+    keys (its format, its output) with a schema of its own under the same name, ``export_schema``.
+    ``data`` and ``model`` are the checkpoint's run's, as for eval."""
+
+    task: TaskConfig = MISSING
+    data: Any = MISSING
+    model: Any = MISSING
+    paths: PathsConfig = MISSING
+    seed: int = MISSING
+    ckpt_path: str = MISSING
 
 
 def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore: the engine's (``config_schema`` and ``eval_schema``,
-    named in ``conf/config.yaml`` and ``conf/eval.yaml``) and the project's own
-    (:attr:`~ddp_engine.project.Project.register_schemas`); and register the resolvers
+    """Store the schemas and the task in Hydra's ConfigStore: the engine's schemas (``config_schema``,
+    ``eval_schema``, ``predict_schema``, ``export_schema``: ``conf/engine/``), then the task's own
+    (:attr:`~ddp_engine.task.Task.schemas`, which may replace the last two), and the task's facts as
+    ``task/default`` (:meth:`~ddp_engine.task.Task.config_node`); and register the resolvers
     ``${run_stamp:}``, the run directory names (:func:`ddp_engine.core.environment.run_stamp`), and
-    ``${project_name:}``, the project's name for trackers (its package with ``-`` for ``_``: the
-    W&B project and MLflow experiment of ``ddp_engine/conf/logger/``).
+    ``${project_name:}``, the task's package with ``-`` for ``_`` (the W&B project and MLflow
+    experiment of ``ddp_engine/conf/logger/``).
 
     Raises:
-        RuntimeError: when no project is registered (:func:`ddp_engine.project.current`).
+        RuntimeError: when no task is registered (:func:`ddp_engine.task.current`).
     """
     if not OmegaConf.has_resolver("run_stamp"):
         # Cached, like Hydra's ${now:}: every job of a sweep resolves the sweep's directory alike.
         OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
     if not OmegaConf.has_resolver("project_name"):
         OmegaConf.register_new_resolver("project_name", lambda: current().package.replace("_", "-"))
-    ConfigStore.instance().store(name="config_schema", node=Config)
-    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
-    current().register_schemas(ConfigStore.instance())
+    store = ConfigStore.instance()
+    for name, schema in (
+        ("config", Config),
+        ("eval", EvalConfig),
+        ("predict", PredictConfig),
+        ("export", ExportConfig),
+    ):
+        store.store(name=f"{name}_schema", node=schema)
+    current().schemas(store)
+    store.store(group="task", name="default", package="_global_", node=current().config_node())

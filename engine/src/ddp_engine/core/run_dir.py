@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ddp_engine.core.errors import CheckpointError
-from ddp_engine.project import current
+from ddp_engine.task import current
 
 #: The metrics file of a job, in its run directory: the task's metrics, the job's overrides and its status.
 METRICS_FILE = "metrics.json"

@@ -13,7 +13,7 @@ exact evaluation and the resume position inside an epoch come with it.
 """
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -155,6 +155,12 @@ class ShardedDataModule(L.LightningDataModule):
         BatchSizeError: from the dataloaders, for a global batch that does not split evenly
             over the processes (see :func:`ddp_engine.distributed.layout.per_device_batch_size`).
     """
+
+    #: The ``data`` keys that say where the data is and how it is loaded, not which samples it
+    #: holds nor in which order: a resume in place may change them, and eval, predict and export
+    #: of a checkpoint take the command's own values for them (``global_batch_size`` too, there).
+    #: Every other key is the run's. A subclass adds its own (a folder: ``(*loading_keys, "root")``).
+    loading_keys: ClassVar[tuple[str, ...]] = ("num_workers", "prepare_data_per_node", "on_device")
 
     def __init__(
         self,

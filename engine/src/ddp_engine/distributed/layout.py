@@ -186,20 +186,34 @@ def data_parallel_layout(trainer: Any, global_batch_size: int, evaluation: bool 
     }
 
 
-def scale_learning_rate(lr: float, global_batch_size: int, reference_batch_size: int, rule: str) -> float:
-    """The learning rate for ``global_batch_size``, given ``lr`` tuned at ``reference_batch_size``.
+def scale_learning_rate(
+    lr: float | None, global_batch_size: int, reference_batch_size: int | None, rule: str
+) -> float | None:
+    """The learning rate for ``global_batch_size``, given ``lr`` (``model.optimizer.lr``; None for a
+    model config without one) tuned at ``reference_batch_size`` (None: not known); ``lr`` itself for
+    ``rule`` ``none``.
 
     Raises:
-        ConfigValueError: if ``reference_batch_size < 1`` or ``rule`` is not an :class:`LRScaling`.
+        ConfigValueError: if ``rule`` is not an :class:`LRScaling`, or scales a rate or from a batch
+            that is not known, or ``reference_batch_size < 1``.
     """
+    try:
+        rule = LRScaling(rule)
+    except ValueError:
+        raise ConfigValueError(f"lr_scaling.rule={rule} is not one of: none, linear, sqrt.") from None
+    if rule is LRScaling.none:
+        return lr
+    if lr is None:
+        raise ConfigValueError(f"lr_scaling.rule={rule.value} scales model.optimizer.lr, which this model has not.")
+    if reference_batch_size is None:
+        raise ConfigValueError(
+            f"lr_scaling.rule={rule.value} scales model.optimizer.lr from the global batch it was tuned at: "
+            "set lr_scaling.reference_batch_size (in the task's conf/config.yaml or on the command line)."
+        )
     if reference_batch_size < 1:
         raise ConfigValueError(f"lr_scaling.reference_batch_size={reference_batch_size} must be at least 1.")
     ratio = global_batch_size / reference_batch_size
-    factors = {LRScaling.none: 1.0, LRScaling.linear: ratio, LRScaling.sqrt: math.sqrt(ratio)}
-    try:
-        return lr * factors[LRScaling(rule)]
-    except ValueError:
-        raise ConfigValueError(f"lr_scaling.rule={rule} is not one of: none, linear, sqrt.") from None
+    return lr * {LRScaling.linear: ratio, LRScaling.sqrt: math.sqrt(ratio)}[rule]
 
 
 #: ``trainer.precision`` values that need CUDA: fp16 automatic mixed precision (its GradScaler).

@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Callable
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 #: A ``model.scheduler`` partial (Hydra ``_partial_: true``): a ``torch.optim.lr_scheduler`` class
 #: missing only the optimizer (and, for ``OneCycleLR``, maybe ``total_steps``).
@@ -39,3 +40,9 @@ def build_lr_scheduler(
         return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
     kwargs = {"total_steps": total_steps} if needs_total_steps(scheduler) else {}
     return scheduler(optimizer=optimizer, **kwargs)
+
+
+def optimizer_lr(model: DictConfig) -> float | None:
+    """``model.optimizer.lr`` of a ``model`` config, or None where it has no optimizer node or no rate
+    (a LightningModule that builds its optimizer itself)."""
+    return OmegaConf.select(model, "optimizer.lr", default=None)

@@ -28,6 +28,7 @@ from ddp_engine.distributed.layout import scale_learning_rate
 from ddp_engine.distributed.options import LRScaling
 from ddp_engine.loggers.trackers import build_loggers, record_tracker_runs
 from ddp_engine.models.build import build_model
+from ddp_engine.models.optimization import optimizer_lr
 from ddp_engine.run.cuda_check import check_cuda_through_runtime
 from ddp_engine.run.host_memory import keep_freed_host_memory
 from ddp_engine.run.trainer import build_trainer, checkpoint_to_resume
@@ -52,7 +53,7 @@ def fit_and_test(cfg: DictConfig) -> dict:
     log.info(f"Composed config sha256 {config_fingerprint(cfg)}")
     L.seed_everything(cfg.seed, workers=True)
 
-    base_lr = cfg.model.optimizer.lr
+    base_lr = optimizer_lr(cfg.model)
     rule = LRScaling(cfg.lr_scaling.rule)
     effective_lr = scale_learning_rate(base_lr, cfg.data.global_batch_size, cfg.lr_scaling.reference_batch_size, rule)
     # HPARAMS and the config text show the config as composed (the lr a sweep set), plus the rate in use.
@@ -60,7 +61,8 @@ def fit_and_test(cfg: DictConfig) -> dict:
     run_summary = RunSummary(
         cfg, overrides=job_overrides(run_dir), extra_hparams={"effective_lr": effective_lr}, metrics=cfg.task.metrics
     )
-    cfg.model.optimizer.lr = effective_lr
+    if base_lr is not None:
+        cfg.model.optimizer.lr = effective_lr
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     # The model is built for its data (the DataModule's model_arguments: an image shape, classes).
@@ -78,10 +80,11 @@ def fit_and_test(cfg: DictConfig) -> dict:
         "{per_device_batch_size} per device x {world_size} processes x {accumulate_grad_batches} "
         "accumulated micro-batches".format(**layout)
     )
-    info(
-        f"Learning rate {cfg.model.optimizer.lr:g} (model.optimizer.lr={base_lr:g} tuned at reference batch "
-        f"{cfg.lr_scaling.reference_batch_size}, lr_scaling.rule={rule.value})"
-    )
+    if base_lr is not None:
+        info(
+            f"Learning rate {effective_lr:g} (model.optimizer.lr={base_lr:g} tuned at reference batch "
+            f"{cfg.lr_scaling.reference_batch_size}, lr_scaling.rule={rule.value})"
+        )
     ckpt_path = checkpoint_to_resume(cfg.ckpt_path, trainer)
     if restarts := launcher_restarts():
         resume = {None: "Lightning's SLURM requeue checkpoint", "last": "the run's latest checkpoint"}
