@@ -281,7 +281,7 @@ def test_a_validation_split_as_large_as_the_training_split_is_refused_before_lau
     datamodule = MNISTDataModule(str(synthetic_data_dir), val_size=1200)
     datamodule.prepare_data()  # what eval runs too: it has no validation split
     with pytest.raises(ConfigValueError, match=r"data.val_size=1200 must be between 1 and 1199 \(the training split"):
-        datamodule.check_val_size()
+        datamodule.check_splits()
 
 
 # --- files as shipped: the real MNIST gzipped, read without a decompressed copy ------------------

@@ -611,7 +611,7 @@ def test_bad_input_is_refused_in_one_line_naming_the_file_and_the_fix(case, tmp_
         )
         with pytest.raises(error) as raised:
             dm.prepare_data()
-            dm.check_val_size()  # what the training command runs next
+            dm.check_splits()  # what the training command runs next
     finally:
         restore_permissions(tmp_path)
     message = str(raised.value)

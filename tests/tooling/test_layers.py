@@ -142,3 +142,25 @@ def test_a_subpackage_of_ones_own_needs_no_contract_line(tmp_path):
     result = lint_imports(root)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "BROKEN" not in result.stdout
+
+
+#: What the template's task names that a task of another kind would not: its metrics, data keys,
+#: data set and network arguments.
+TEMPLATE_NAMES = ("val/acc", "test/acc", "mnist", "val_size", "split_seed", "class_names", "crop_padding",
+                  "in_channels", "image_size")  # fmt: skip
+
+
+def test_the_engines_core_names_nothing_of_the_templates_task():
+    """The engine reads a task's facts from its Task and its DataModule (its loading keys, its
+    checks), so no module or config of the engine's core names a metric, data key or data set of
+    the template's task (the shared image machinery, ``ddp_engine.vision``, aside)."""
+    core = ROOT / "engine" / "src"
+    named = [
+        f"{path.relative_to(ROOT)}:{number}: {name}"
+        for path in sorted(core.rglob("*"))
+        if path.suffix in (".py", ".yaml") and "vision" not in path.relative_to(core).parts
+        for number, text in enumerate(path.read_text().splitlines(), 1)
+        for name in TEMPLATE_NAMES
+        if name in text.lower()
+    ]
+    assert named == [], named

@@ -44,7 +44,7 @@ class ClassificationDataModule(ShardedDataModule):
       ``i`` is ``(pixels, label)``: ``(C, H, W)`` uint8 and an int in ``0..num_classes - 1``
       (torch's ``default_collate`` stacks them), or a :class:`~ddp_engine.data.sharded.GatherDataset`
       of ``(N, C, H, W)`` uint8 and ``(N,)`` int64 tensors, which serves whole batches.
-    - optionally ``prepare_data()`` and :meth:`check_val_size`
+    - optionally ``prepare_data()`` and :meth:`check_splits`
       (:class:`~ddp_engine.data.sharded.ShardedDataModule` says when they run).
 
     The network is built for :attr:`spec` (:meth:`model_arguments`), and a checkpoint is applied

@@ -160,7 +160,7 @@ class MNISTDataModule(ClassificationDataModule):
         if stage in ("fit", "validate") and self.train_set is None:
             full = self._load("train")
             val_size = self.hparams.val_size
-            self._check_val_size(len(full))
+            self._check_split_sizes(len(full))
             # Same generator seed on every rank and every stage -> the same split everywhere.
             order = torch.randperm(len(full), generator=torch.Generator().manual_seed(self.hparams.split_seed))
             images, labels = full.tensors
@@ -170,7 +170,7 @@ class MNISTDataModule(ClassificationDataModule):
             self.test_set = self._load("test")
 
     @override
-    def check_val_size(self) -> None:
+    def check_splits(self) -> None:
         """Refuse a validation split that leaves no training image, with the count in the training
         labels file's header (checked against its size): the training command calls it once before
         any process starts, after :meth:`prepare_data` checked the files (``setup`` checks it again
@@ -181,9 +181,9 @@ class MNISTDataModule(ClassificationDataModule):
             DataNotAvailableError, DataFormatError: see :func:`~mnist_ddp.data.idx.check_idx_file`.
         """
         (train_count,) = check_idx_file(self._split_files("train")[1], 1, LABELS_KIND)
-        self._check_val_size(train_count)
+        self._check_split_sizes(train_count)
 
-    def _check_val_size(self, train_count: int) -> None:
+    def _check_split_sizes(self, train_count: int) -> None:
         if not 0 < self.hparams.val_size < train_count:
             raise ConfigValueError(
                 f"data.val_size={self.hparams.val_size} must be between 1 and {train_count - 1} "

@@ -392,7 +392,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         _ = self.spec
 
     @override
-    def check_val_size(self) -> None:
+    def check_splits(self) -> None:
         """Refuse a ``val_size`` that leaves no training or no validation image (nothing to check
         with a ``val/`` folder).
 

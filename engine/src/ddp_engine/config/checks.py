@@ -437,7 +437,7 @@ def _another_sweep(sweep_dir: Path, difference: str, record: Path) -> ConfigValu
 def check_data(datamodule: L.LightningDataModule, training: bool) -> None:
     """Fetch the data set of ``datamodule`` when it is missing (``data.download``) and check its
     files, once, here: missing or broken data is one line before any run directory or process
-    exists. For ``training``, also check that ``data.val_size`` leaves training images (evaluation
+    exists. For ``training``, also check that the splits leave training samples (evaluation
     has no validation split).
 
     Raises:
@@ -445,8 +445,8 @@ def check_data(datamodule: L.LightningDataModule, training: bool) -> None:
     """
     datamodule.prepare_data()
     # ClassificationDataModule's optional check (a DataModule not built on it has none).
-    if training and hasattr(datamodule, "check_val_size"):
-        datamodule.check_val_size()
+    if training and hasattr(datamodule, "check_splits"):
+        datamodule.check_splits()
 
 
 def check_job(cfg: DictConfig, training: bool = True, submitted: bool = False) -> L.LightningDataModule:

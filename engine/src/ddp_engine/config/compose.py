@@ -220,7 +220,7 @@ def with_trainer_arguments(args: Sequence[str]) -> list[str]:
 def check_data_target(cfg: DictConfig) -> None:
     """Refuse a ``data`` option that builds no DataModule (a base of data sets), and ``data._target_``
     set to another class than the one its data set's schema says it builds (its ``builds``, a class
-    variable: ``data._target_=my_project.MyDataModule`` on top of ``data=mnist``): the other keys would
+    variable: ``data._target_=my_project.MyDataModule`` on top of a data option with a schema): the other keys would
     be that data set's, not that class's.
 
     Raises:

@@ -3,10 +3,9 @@ the data set it trained on.
 
 ``python -m <project>.eval`` (and ``predict``, ``export``) rebuilds the model from the run's
 ``.hydra/config.yaml`` and uses the data set the run trained on (its whole ``data`` node), so that
-a network trained on Fashion-MNIST or on a folder of images is not scored on MNIST, nor fed
-MNIST's normalization, because the command's defaults say MNIST: the checkpoint is all such a
-command needs. Where the files are and how they are loaded (the DataModule's ``loading_keys``) can be the
-command's own, by its command line.
+a model trained on another data set than the task's default is neither scored on the default one
+nor fed its normalization: the checkpoint is all such a command needs. Where the files are and how
+they are loaded (the DataModule's ``loading_keys``) can be the command's own, by its command line.
 """
 
 import importlib
@@ -30,7 +29,7 @@ CHECKPOINT_USES = {"eval": "evaluation", "predict": "prediction", "export": "exp
 
 
 def run_data_option(checkpoint: Path) -> str | None:
-    """The ``data`` option (``mnist``, ``folder``, ...) of the run that wrote ``checkpoint``
+    """The ``data`` option (``sensors``, ``folder``, ...) of the run that wrote ``checkpoint``
     (``<run>/checkpoints/<file>.ckpt``), from the Hydra record in its ``.hydra/hydra.yaml``; None
     without one."""
     record = Path(checkpoint).parent.parent / ".hydra" / "hydra.yaml"
@@ -147,7 +146,7 @@ def data_set_of_run(cfg: DictConfig, run: DictConfig | None, checkpoint: Path, o
         cfg: this command's config.
         run: that run's config (:func:`saved_run_config`), or None when it left none.
         checkpoint: the checkpoint to apply (named in the messages).
-        overrides: this command's overrides (``data=fashion_mnist``, ``data.mean=0.5``,
+        overrides: this command's overrides (``data=<option>``, ``data.mean=0.5``,
             ``data.data_dir=/elsewhere`` ...): a key other than the loading keys that they set
             must agree with the run's.
 

@@ -24,7 +24,7 @@ class Mode(str, Enum):
 
 
 def metrics_line(metrics: Mapping[str, object], names: Sequence[str]) -> str:
-    """``"val/acc 0.9912, test/acc 0.9908"``: each of ``names`` (``task.metrics``) that ``metrics``
+    """``"val/mse 0.0912, test/mse 0.1008"``: each of ``names`` (``task.metrics``) that ``metrics``
     holds, in that order, to 4 decimals; ``"no metric of task.metrics"`` when it holds none (an
     evaluation logs no ``val/`` metric, a task may log fewer than it names)."""
     shown = [f"{name} {float(metrics[name]):.4f}" for name in names if isinstance(metrics.get(name), int | float)]

@@ -126,7 +126,7 @@ class ShardedDataModule(L.LightningDataModule):
     - :meth:`model_arguments`: what the task's LightningModule is built for (its input shape, its
       classes), passed to the ``model`` config's instantiation (default: nothing); and
       :meth:`model_arguments_of` a checkpoint, for a prediction, which reads no data set files;
-    - :meth:`check_val_size`: refuse a validation split that leaves no training sample;
+    - :meth:`check_splits`: refuse splits that leave no training (or validation) sample;
     - :meth:`check_checkpoint`: refuse a checkpoint trained on other data (eval, predict, export);
     - :meth:`summary`: one line about the data for the job's log.
 
@@ -186,7 +186,7 @@ class ShardedDataModule(L.LightningDataModule):
 
     def model_arguments(self) -> dict[str, Any]:
         """The keyword arguments of the task's LightningModule that come from the data, nested as
-        the ``model`` config is (``{"net": {"in_channels": 1, ...}}`` gives ``model.net`` its
+        the ``model`` config is (``{"net": {"channels": 3, ...}}`` gives ``model.net`` its
         input channels): the engine instantiates ``model`` with them (:func:`ddp_engine.models.build.build_model`).
         Called before any process starts and in each one; none by default."""
         return {}
@@ -197,7 +197,7 @@ class ShardedDataModule(L.LightningDataModule):
         None (default): from :meth:`model_arguments`."""
         return None
 
-    def check_val_size(self) -> None:
+    def check_splits(self) -> None:
         """Refuse a validation split that leaves no training sample (or no validation sample), cheaply,
         before any process starts. Nothing to check by default.
 

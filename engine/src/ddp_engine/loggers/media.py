@@ -97,7 +97,7 @@ def _tensorboard_hparams(
     """The HPARAMS summaries of ``settings``, written into ``logger``'s event file.
 
     Not ``TensorBoardLogger.log_hyperparams``: given metrics, it logs them as placeholder points
-    at step 0 of the real ``val/acc`` and ``test/acc`` charts. These summaries name the metrics
+    at step 0 of the real metrics' charts. These summaries name the metrics
     without a value, and TensorBoard reads the values from those charts.
     """
     experiment, session_start, _ = hparams(dict(settings), {metric: 0.0 for metric in metrics})

@@ -19,7 +19,7 @@ def build_model(model: DictConfig, data: Any) -> L.LightningModule:
     keyword arguments its ``model_arguments()`` gives
     (:meth:`~ddp_engine.data.sharded.ShardedDataModule.model_arguments`; none without it),
     nested as the config is (``net``: the network's, such as the image classifier's
-    ``in_channels``, ``image_size`` and ``num_classes``).
+    input shape and output count).
 
     Raises:
         ConfigValueError: when a class does not take an argument that the data gives it (named,
@@ -49,5 +49,5 @@ def build_model(model: DictConfig, data: Any) -> L.LightningModule:
 
 
 def _named(data: Any) -> str:
-    """Where the model's arguments came from, for a message: ``MNISTDataModule.model_arguments()``."""
+    """Where the model's arguments came from, for a message: ``SensorDataModule.model_arguments()``."""
     return "the checkpoint's data" if isinstance(data, Mapping) else f"{type(data).__name__}.model_arguments()"

@@ -1,9 +1,9 @@
 """Evaluation: what ``python -m <project>.eval`` does with each job.
 
 Every process of the job runs :func:`evaluate`: it tests the checkpoint on its shard of the data
-set's test split, and global rank 0 writes the test metrics (``test/loss`` and ``test/acc`` for the
-classifier) to ``metrics.json`` in the job's own run directory (``logs/evals/``).
-Each test image is evaluated exactly once whatever the number of processes, so the metrics
+set's test split, and global rank 0 writes the test metrics (``test/mse`` and ``test/mae`` for a
+regression) to ``metrics.json`` in the job's own run directory (``logs/evals/``).
+Each test sample is evaluated exactly once whatever the number of processes, so the metrics
 equal those of the training run's own test of the same checkpoint. The model and the data set
 are those of the checkpoint's training run.
 """
@@ -32,7 +32,7 @@ def evaluate(cfg: DictConfig) -> dict:
     """One process's part of the evaluation: test the checkpoint on its shard of the test set.
 
     Returns:
-        The test metrics the module logged (``test/acc``, ``test/loss`` for the classifier), the
+        The test metrics the module logged (``test/mse``, ``test/mae`` for a regression), the
         checkpoint and the data-parallel layout; global rank 0 also writes them to ``metrics.json``.
     """
     checkpoint = Path(cfg.ckpt_path).resolve()

@@ -2,7 +2,7 @@
 
 Every process of the job runs :func:`fit_and_test`: it builds the DataModule, model, callbacks,
 logger and DDP Trainer from the config, trains, then evaluates the best checkpoint on the
-validation split and on the data set's test split (MNIST's official 10,000 images by default);
+validation split and on the data set's test split;
 global rank 0 writes both to ``metrics.json`` in the run directory.
 """
 
@@ -42,8 +42,8 @@ def fit_and_test(cfg: DictConfig) -> dict:
     """One process's part of a training job: fit, then validate and test the best checkpoint.
 
     Returns:
-        The metrics the module logged in its validation and test of the best checkpoint (``val/acc``,
-        ``val/loss``, ``test/acc``, ``test/loss`` for the classifier), the checkpoint and the
+        The metrics the module logged in its validation and test of the best checkpoint (``val/mse``,
+        ``test/mse`` for a regression), the checkpoint and the
         data-parallel layout, the same on every rank; global rank 0 also writes them to
         ``metrics.json``.
     """
