@@ -1,7 +1,7 @@
 """The engine runs a task it was not written for: the test project's regression on float sensor
 windows, not images (sensor_task/), on real gloo processes through its real command line
 (``python -m sensor_task.train``). It declares its objective (``val/mse``, minimized), its metrics,
-no figures, no predict and no export (sensor_task/conf/task/regression.yaml). Its
+no figures, no predict and no export (its Task: sensor_task/task.py). Its
 DataModule passes the conformance check; its evaluation gives the same MSE on 1, 2 and 3
 processes; a run SIGKILLed inside an epoch and resumed in place is bit-identical to the
 uninterrupted one; a sweep's summary shows its metrics; predict and export refuse it in one line."""
