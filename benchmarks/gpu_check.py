@@ -56,10 +56,10 @@ from datetime import datetime
 from pathlib import Path
 
 import torch
+from ddp_engine.vision.idx import MNIST_FILES
 
 from benchmarks import run
 from benchmarks.per_step import GLOBAL_BATCH
-from mnist_ddp.data.idx import MNIST_FILES
 
 #: Each step's own limit (seconds), about twice what it should take on one H200 with 16 CPU cores
 #: (estimated, not yet measured): fast_gpu 60-100 s (process start-up; compiling the training and

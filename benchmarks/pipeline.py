@@ -48,16 +48,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from ddp_engine.vision.classification import ClassificationDataModule
+from ddp_engine.vision.folder import ImageFolderDataModule
+from ddp_engine.vision.idx import MNIST_FILES, find_idx_file, read_idx_split
 from PIL import Image
 from torch.utils.data import DataLoader, Subset, TensorDataset
 from torchvision import transforms
 from torchvision.datasets import MNIST, ImageFolder
 
-from mnist_ddp.data.base import ClassificationDataModule
-from mnist_ddp.data.datamodule import DIGITS, MNIST_MEAN, MNIST_STD, MNISTDataModule
-from mnist_ddp.data.folder import ImageFolderDataModule
-from mnist_ddp.data.idx import MNIST_FILES, find_idx_file, read_idx_split
-from mnist_ddp.models.networks import CNN
+from mnist_ddp.data import DIGITS, MNIST_MEAN, MNIST_STD, MNISTDataModule
+from mnist_ddp.networks import CNN
 
 REPO = Path(__file__).resolve().parents[1]
 PER_DEVICE_BATCH = 32
@@ -169,7 +169,7 @@ def write_png_tree(
         idx_dir: the folder with the four IDX files (``<data_dir>/MNIST/raw``).
         out_dir: where the tree goes; created. If it exists without the marker it may hold only
             ``train/`` and ``test/`` (what an interrupted write leaves), which are removed.
-        files: the IDX file names by role (:data:`~mnist_ddp.data.idx.MNIST_FILES`).
+        files: the IDX file names by role (:data:`~ddp_engine.vision.idx.MNIST_FILES`).
         class_names: the folder name of each label.
 
     Returns:
@@ -178,7 +178,7 @@ def write_png_tree(
     Raises:
         FileNotFoundError: when an IDX file is missing.
         FileExistsError: when ``out_dir`` holds other files than an unfinished tree.
-        DataFormatError: from :func:`~mnist_ddp.data.idx.read_idx_split`, for a malformed file.
+        DataFormatError: from :func:`~ddp_engine.vision.idx.read_idx_split`, for a malformed file.
     """
     idx_dir, out_dir = Path(idx_dir), Path(out_dir)
     sources = {

@@ -53,7 +53,7 @@ def make_model(name: str = "cnn") -> nn.Module:
 
 class GatherSet(TensorDataset):
     """A batch as one index gather, ``(images[indices], labels[indices])``: the template's data path
-    (``mnist_ddp.data.datamodule.GatherDataset``; a DataLoader over it takes
+    (``mnist_ddp.data.GatherDataset``; a DataLoader over it takes
     ``collate_fn=default_convert``), instead of one ``dataset[i]`` per sample and a collate."""
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:

@@ -40,8 +40,7 @@ from pathlib import Path
 
 import torch
 from ddp_engine.core.errors import UsageError
-
-from mnist_ddp.data.idx import ensure_mnist_files
+from ddp_engine.vision.idx import ensure_mnist_files
 
 REPO = Path(__file__).resolve().parents[1]
 #: Test accuracy the fast recipe must reach after its one epoch (issue 7's target).

@@ -16,6 +16,7 @@ import pytest
 from ddp_engine.api import register
 from ddp_engine.config.schema import register_configs
 from ddp_engine.models.build import build_model
+from ddp_engine.vision.idx import MNIST_FILES
 from helpers import (
     CONFIG_DIR,
     DETERMINISTIC,
@@ -33,7 +34,6 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from torchvision.datasets import MNIST
 
-from mnist_ddp.data.idx import MNIST_FILES
 from mnist_ddp.task import TASK
 
 # The engine composes a config with the task's configs and schemas: the task's entry points
@@ -47,6 +47,7 @@ register(TASK)
 def registered_task():
     """This project's task, registered with the engine for each test."""
     register(TASK)
+    register_configs()  # the task's node and schemas in Hydra's ConfigStore, where tests compose
     return TASK
 
 

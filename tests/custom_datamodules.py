@@ -5,12 +5,11 @@ processes import them by name (``_target_: custom_datamodules.<class>``); tests/
 
 import torch
 from ddp_engine.data.sharded import collate_for
+from ddp_engine.vision.classification import ClassificationDataModule
+from ddp_engine.vision.spec import DataSpec
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
-
-from mnist_ddp.data.base import ClassificationDataModule
-from mnist_ddp.data.spec import DataSpec
 
 #: Repeated at the end of the train split: equal samples, which the check must count as two.
 DUPLICATES = 5
@@ -38,7 +37,7 @@ class TensorDataModule(ClassificationDataModule):
 
     def __init__(self, train_size: int = 245, val_size: int = 61, test_size: int = 47, seed: int = 0, **kwargs) -> None:
         # The base class's arguments (global_batch_size, num_workers, ...) through **kwargs, as
-        # docs/customizing.md writes a DataModule of one's own: its YAML starts from conf/data/base.yaml.
+        # docs/customizing.md writes a DataModule of one's own: its YAML starts from data/image.yaml.
         super().__init__(**{"global_batch_size": 12, **kwargs})
         self.sizes, self.seed = (train_size, val_size, test_size), seed
 

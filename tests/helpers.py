@@ -18,9 +18,9 @@ import harness
 import lightning as L
 import numpy as np
 from ddp_engine.models.build import build_model
+from ddp_engine.vision.idx import MNIST_FILES
 from hydra.utils import instantiate
 
-from mnist_ddp.data.idx import MNIST_FILES
 from mnist_ddp.task import TASK
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,6 +10,7 @@ import."""
 import pytest
 
 from ddp_engine.api import register
+from ddp_engine.config.schema import register_configs
 from sensor_task.task import TASK
 
 
@@ -18,4 +19,5 @@ def test_task():
     """The test task, registered for each test: a pytest worker also runs the project's tests,
     whose conftest registers the project's own."""
     register(TASK)
+    register_configs()  # the task's node and schemas in Hydra's ConfigStore, where tests compose
     return TASK

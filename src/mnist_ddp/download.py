@@ -11,9 +11,8 @@ import sys
 from collections.abc import Sequence
 
 from ddp_engine.api import DataNotAvailableError, first_line
+from ddp_engine.vision.idx import ensure_mnist_files
 from torchvision.datasets import MNIST
-
-from mnist_ddp.data.idx import ensure_mnist_files
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -19,21 +19,21 @@ TASK = Task(
     callbacks={
         # Image train/input_batch: rank 0's first training batch as the network gets it, each titled
         # with its class name.
-        "input_batch": {"_target_": "mnist_ddp.callbacks.input_batch.InputBatchFigure", "max_images": 64},
+        "input_batch": {"_target_": "ddp_engine.vision.callbacks.InputBatchFigure", "max_images": 64},
         # Images test/confusion_matrix and test/misclassified at the end of each test.
-        "misclassified": {"_target_": "mnist_ddp.callbacks.misclassified.MisclassificationReport", "max_images": 64},
+        "misclassified": {"_target_": "ddp_engine.vision.callbacks.MisclassificationReport", "max_images": 64},
     },
     # check_paths runs before torch is imported (its module imports none); check_job once the
     # model is built, before any process starts.
     predict=TaskCommand(
-        run="mnist_ddp.run.predict:predict",
-        check_paths="mnist_ddp.data.input_path:check_predict_paths",
-        check_job="mnist_ddp.data.inputs:check_predict_job",
+        run="ddp_engine.vision.predict:predict",
+        check_paths="ddp_engine.vision.input_path:check_predict_paths",
+        check_job="ddp_engine.vision.inputs:check_predict_job",
     ),
     export=TaskCommand(
-        run="mnist_ddp.run.export:export_checkpoint",
-        check_paths="mnist_ddp.run.export_format:check_export_paths",
-        check_job="mnist_ddp.run.export_format:check_export_job",
+        run="ddp_engine.vision.export:export_checkpoint",
+        check_paths="ddp_engine.vision.export_format:check_export_paths",
+        check_job="ddp_engine.vision.export_format:check_export_job",
     ),
     schemas=register_schemas,
 )

@@ -155,9 +155,9 @@ def test_preflight_names_the_problem_and_what_is_allowed(override, message):
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("option", ["sharded", "base"])
+@pytest.mark.parametrize("option", ["sharded", "image"])
 def test_a_data_option_that_builds_no_datamodule_is_refused_by_name(option):
-    # The engine's data/sharded.yaml and the image data sets' base.yaml hold the keys the data sets
+    # The engine's data/sharded.yaml and the image data sets' image.yaml hold the keys the data sets
     # share, and name no _target_.
     with pytest.raises(UsageError) as error:
         check_command_line("config", [f"data={option}", "trainer.accelerator=cpu"])
@@ -188,7 +188,7 @@ def test_presets_set_what_they_say():
     # experiment=resnet: the ResNet for small natural images, with the seeded crop and flip.
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["data=folder", "data.root=/x", "experiment=resnet"])
-    assert cfg.model.net._target_ == "mnist_ddp.models.networks.ResNet" and cfg.model.optimizer.nesterov is True
+    assert cfg.model.net._target_ == "ddp_engine.vision.networks.ResNet" and cfg.model.optimizer.nesterov is True
     assert (cfg.data.crop_padding, cfg.data.horizontal_flip, cfg.trainer.max_epochs) == (4, True, 15)
 
 
@@ -227,7 +227,7 @@ def test_a_datamodule_of_ones_own_gets_its_keys_checked_against_its_signature(tm
     # Its YAML, as docs/customizing.md writes one, in a config folder Hydra also searches.
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "mine.yaml").write_text(
-        "defaults:\n  - base\n  - _self_\n_target_: custom_datamodules.TensorDataModule\ntrain_size: 30\n"
+        "defaults:\n  - image\n  - _self_\n_target_: custom_datamodules.TensorDataModule\ntrain_size: 30\n"
     )
     mine = ["data=mine", f"hydra.searchpath=[file://{tmp_path}]"]
     (job,) = composed_jobs("config", mine)  # its own key and the base class's, reached through **kwargs
@@ -241,7 +241,7 @@ def test_a_datamodule_of_ones_own_gets_its_keys_checked_against_its_signature(tm
     )
     # Its describe() raising what its reading raises: one line before launch, naming the class.
     (tmp_path / "data" / "missing.yaml").write_text(
-        "defaults:\n  - base\n  - _self_\n_target_: custom_datamodules.MissingFile\n"
+        "defaults:\n  - image\n  - _self_\n_target_: custom_datamodules.MissingFile\n"
     )
     with pytest.raises(UsageError) as missing:
         check_command_line(
@@ -255,6 +255,6 @@ def test_a_datamodule_of_ones_own_gets_its_keys_checked_against_its_signature(tm
     with pytest.raises(
         UsageError,
         match=r"^data._target_=custom_datamodules.TensorDataModule: the keys of this data "
-        r"option are mnist_ddp.data.datamodule.MNISTDataModule's. A DataModule of your own gets a YAML",
+        r"option are mnist_ddp.data.MNISTDataModule's. A DataModule of your own gets a YAML",
     ):
         composed_jobs("config", [IDX_DATA, "data._target_=custom_datamodules.TensorDataModule"])

@@ -43,7 +43,7 @@ def assert_counts(report, train: int, val: int, test: int, world_sizes=(2, 3), g
 
 @pytest.mark.task
 def test_mnist_datamodule_conforms(synthetic_data_dir):
-    data = {"_target_": "mnist_ddp.data.datamodule.MNISTDataModule", "data_dir": str(synthetic_data_dir),
+    data = {"_target_": "mnist_ddp.data.MNISTDataModule", "data_dir": str(synthetic_data_dir),
             "val_size": 200}  # fmt: skip
     report = check_conformance(data)
     # 1,000 training images: all of them on 2 processes, 999 on 3 (one left out each epoch).
@@ -53,7 +53,7 @@ def test_mnist_datamodule_conforms(synthetic_data_dir):
 
 def test_image_folder_datamodule_conforms_with_augmentation(tmp_path):
     root = make_image_folder(tmp_path / "folder")
-    data = {"_target_": "mnist_ddp.data.folder.ImageFolderDataModule", "root": str(root), "crop_padding": 4,
+    data = {"_target_": "ddp_engine.vision.folder.ImageFolderDataModule", "root": str(root), "crop_padding": 4,
             "horizontal_flip": True, "cache_dir": str(tmp_path / "cache")}  # fmt: skip
     report = check_conformance(data)
     # 48 * 5 training images, a tenth of them held out for validation; 14 * 5 test images.

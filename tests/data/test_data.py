@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import torch
 from ddp_engine.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
+from ddp_engine.vision.idx import MNIST_FILES
 from helpers import assert_synthetic_files_in_place, copy_data, write_idx
 from torchvision.datasets import MNIST
 
-from mnist_ddp.data.datamodule import MNIST_MEAN, MNIST_STD, MNISTDataModule
-from mnist_ddp.data.idx import MNIST_FILES
+from mnist_ddp.data import MNIST_MEAN, MNIST_STD, MNISTDataModule
 
 VAL_SIZE = 150  # of 1,200 synthetic training images; divides by neither 7 nor 8
 

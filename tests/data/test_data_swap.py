@@ -18,6 +18,8 @@ from ddp_engine.config.command_line import check_command_line
 from ddp_engine.config.saved_run import data_set_of_run, run_config_path, saved_run_config
 from ddp_engine.config.schema import register_configs
 from ddp_engine.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError, UsageError
+from ddp_engine.vision.idx import import_class
+from ddp_engine.vision.spec import CHECKPOINT_KEY
 from helpers import CONFIG_DIR, IDX_DATA, REPO, fit_and_test_in_process, write_idx
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
@@ -25,9 +27,7 @@ from omegaconf import OmegaConf
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.mnist import read_image_file
 
-from mnist_ddp.data.datamodule import MNISTDataModule
-from mnist_ddp.data.idx import import_class
-from mnist_ddp.data.spec import CHECKPOINT_KEY
+from mnist_ddp.data import MNISTDataModule
 
 register_configs()
 
@@ -165,7 +165,7 @@ def test_a_download_that_names_no_class_is_refused(tmp_path, download):
 
 def test_fashion_mnist_is_a_config_file_over_the_same_datamodule():
     cfg = compose_config("data=fashion_mnist")
-    assert cfg.data._target_ == "mnist_ddp.data.datamodule.MNISTDataModule"
+    assert cfg.data._target_ == "mnist_ddp.data.MNISTDataModule"
     assert cfg.data.class_names == FashionMNIST.classes
     assert import_class(cfg.data.download) is FashionMNIST
     # torchvision downloads into <root>/FashionMNIST/raw, which is where the DataModule reads.

@@ -1,4 +1,4 @@
-"""The folder DataModule (``data=folder``, :mod:`mnist_ddp.data.folder`) on real image files:
+"""The folder DataModule (``data=folder``, :mod:`ddp_engine.vision.folder`) on real image files:
 what it reads (classes, labels, pixels, the split, the spec), the survey kept in ``cache_dir``
 (never in the data folder), the same batches from memory and from disk (in real DataLoader worker
 processes) and the same trained parameters, and every bad input refused in one line that names
@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import ddp_engine.vision.folder as folder_module
 import lightning as L
 import numpy as np
 import pytest
@@ -24,13 +25,11 @@ from ddp_engine.config.schema import register_configs
 from ddp_engine.core.errors import ConfigValueError, DataFormatError, DataNotAvailableError
 from ddp_engine.data.sharded import GatherDataset
 from ddp_engine.models.build import build_model
+from ddp_engine.vision.folder import FolderImages, ImageFolderDataModule
 from helpers import CONFIG_DIR, make_image_folder, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from PIL import Image
-
-import mnist_ddp.data.folder as folder_module
-from mnist_ddp.data.folder import FolderImages, ImageFolderDataModule
 
 register_configs()
 

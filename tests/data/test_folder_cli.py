@@ -19,12 +19,11 @@ import numpy as np
 import pytest
 import torch
 from ddp_engine.models.build import build_model
+from ddp_engine.vision.images import decode_image_file
+from ddp_engine.vision.spec import DataSpec, read_data_spec
 from harness import only
 from helpers import make_image_folder, run_cli
 from omegaconf import OmegaConf
-
-from mnist_ddp.data.images import decode_image_file
-from mnist_ddp.data.spec import DataSpec, read_data_spec
 
 pytestmark = pytest.mark.processes
 

@@ -24,8 +24,8 @@ from ddp_engine.callbacks.step_anatomy import PARTS
 from harness import ranks_in_log, read_scalars
 from helpers import DETERMINISTIC, GLOBAL_BATCH, REPO, TRAIN_SIZE, VAL_SIZE, cli_command, cli_env
 
-from mnist_ddp.data.datamodule import MNIST_MEAN, MNIST_STD, MNISTDataModule
-from mnist_ddp.models.networks import CNN
+from mnist_ddp.data import MNIST_MEAN, MNIST_STD, MNISTDataModule
+from mnist_ddp.networks import CNN
 
 pytestmark = pytest.mark.processes
 

@@ -8,12 +8,13 @@ import torch
 from ddp_engine.config.schema import register_configs
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.models.build import build_model
+from ddp_engine.vision.networks import MLP, ResNet
+from ddp_engine.vision.spec import DataSpec
 from helpers import CONFIG_DIR, IDX_DATA, fit_and_test_in_process
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from mnist_ddp.data.spec import DataSpec
-from mnist_ddp.models.networks import CNN, MLP, ResNet
+from mnist_ddp.networks import CNN
 
 register_configs()
 
@@ -53,7 +54,7 @@ def test_images_too_small_for_a_network_are_refused_naming_the_fix():
 def test_a_network_without_the_datas_arguments_is_refused_by_name():
     spec = DataSpec(("a", "b"), (1, 8, 8), (0.5,), (0.25,))
     model = OmegaConf.create({
-        "_target_": "mnist_ddp.models.classifier.MNISTClassifier", "net": {"_target_": "torch.nn.Flatten"},
+        "_target_": "mnist_ddp.model.MNISTClassifier", "net": {"_target_": "torch.nn.Flatten"},
         "optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1}, "scheduler": None,
     })  # fmt: skip
     refused = r"model.net: torch.nn.Flatten does not take in_channels. It is built for the data with in_channels, "
@@ -67,7 +68,7 @@ def test_model_mlp_trains_through_the_same_datamodule_and_module(synthetic_data_
             IDX_DATA, "model=mlp", f"data.data_dir={synthetic_data_dir}", "data.val_size=200",
             "data.global_batch_size=32",
         ])  # fmt: skip
-    assert cfg.model.net._target_ == "mnist_ddp.models.networks.MLP"
+    assert cfg.model.net._target_ == "ddp_engine.vision.networks.MLP"
     _, test = fit_and_test_in_process(cfg, tmp_path)
     # The synthetic digits are bright patches whose position is the class; 2% of test labels are noise.
     assert test["test/acc"] >= 0.9, test

@@ -21,11 +21,10 @@ from ddp_engine.config.schema import register_configs
 from ddp_engine.core.errors import CheckpointError, UsageError
 from ddp_engine.distributed.checkpoint_io import check_checkpoint
 from ddp_engine.models.build import build_model as build_model_for
+from ddp_engine.vision.spec import CHECKPOINT_KEY, checkpoint_data_spec, read_data_spec
 from helpers import CONFIG_DIR, IDX_DATA
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-
-from mnist_ddp.data.spec import CHECKPOINT_KEY, checkpoint_data_spec, read_data_spec
 
 register_configs()
 

@@ -30,7 +30,7 @@ from ddp_engine.launch.supervisor import check_rendezvous_address, run_dir_lock
 from helpers import IDX_DATA
 from omegaconf import OmegaConf
 
-from mnist_ddp.models.classifier import MNISTClassifier
+from mnist_ddp.model import MNISTClassifier
 
 CPU = ("trainer.accelerator=cpu", "trainer.devices=2", "data.global_batch_size=64")
 
@@ -134,7 +134,7 @@ def test_a_preset_setting_an_argument_the_other_model_lacks_names_it_and_the_fix
     with pytest.raises(UsageError) as error:
         check_command_line("config", ["trainer.accelerator=cpu", "experiment=fast", "model=mlp"])
     message = str(error.value)
-    for fragment in ("model.net.batch_norm is set", "mnist_ddp.models.networks.MLP does not take it",
+    for fragment in ("model.net.batch_norm is set", "ddp_engine.vision.networks.MLP does not take it",
                      "drop it with ~model.net.batch_norm"):  # fmt: skip
         assert fragment in message, message
     fixed = ["trainer.accelerator=cpu", "experiment=fast", "model=mlp", "~model.net.batch_norm"]

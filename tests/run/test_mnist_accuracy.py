@@ -12,12 +12,11 @@ import pytest
 import torch
 from ddp_engine.config.schema import register_configs
 from ddp_engine.models.build import build_model
+from ddp_engine.vision.spec import read_data_spec
 from harness import read_scalars
 from helpers import CONFIG_DIR, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-
-from mnist_ddp.data.spec import read_data_spec
 
 pytestmark = pytest.mark.processes
 

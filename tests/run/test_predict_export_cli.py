@@ -21,15 +21,14 @@ import pytest
 import torch
 from ddp_engine.config.schema import register_configs
 from ddp_engine.models.build import build_model
+from ddp_engine.vision.idx import IMAGES_KIND, MNIST_FILES, read_idx_file
+from ddp_engine.vision.spec import read_data_spec
 from harness import only, ranks_in_log
 from helpers import CONFIG_DIR, IDX_DATA, REPO, cli_command, cli_env, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torchvision.io import write_png
-
-from mnist_ddp.data.idx import IMAGES_KIND, MNIST_FILES, read_idx_file
-from mnist_ddp.data.spec import read_data_spec
 
 pytestmark = pytest.mark.processes
 

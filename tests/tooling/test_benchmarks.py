@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ddp_engine.vision.idx import read_idx_file
 from helpers import REPO, cli_env, make_image_folder, make_synthetic_mnist
 
 from benchmarks.per_step import PER_STEP_END, PER_STEP_START
@@ -27,7 +28,6 @@ from benchmarks.pipeline import (
     write_png_tree,
 )
 from benchmarks.run import ROWS, report
-from mnist_ddp.data.idx import read_idx_file
 
 pytestmark = pytest.mark.processes
 

@@ -98,7 +98,7 @@ def test_the_installed_console_scripts_compose_the_packaged_config_from_anywhere
     assert str(REPO) not in result.stdout
     cfg = yaml.safe_load(result.stdout.split("\nConfig\n******\n")[1])
     assert cfg["data"]["global_batch_size"] == 128 and cfg["data"]["subdir"] == "MNIST/raw"  # conf/data/
-    assert cfg["model"]["net"]["_target_"] == "mnist_ddp.models.networks.CNN"  # conf/model/cnn.yaml
+    assert cfg["model"]["net"]["_target_"] == "mnist_ddp.networks.CNN"  # conf/model/cnn.yaml
     assert cfg["trainer"]["max_epochs"] == 3 and cfg["logger"]["tensorboard"]["name"] is None  # the engine's
 
     # The checks before Hydra (config/checks.py) compose the config too: a value only the composed

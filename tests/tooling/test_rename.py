@@ -116,7 +116,7 @@ def test_no_trace_of_the_old_name_is_left(renamed):
     pyproject = (renamed / "pyproject.toml").read_text()
     assert f'name = "{NEW_DIST}"' in pyproject and f'{NEW_DIST}-train = "{NEW_PACKAGE}.train:cli"' in pyproject
     assert (
-        f"_target_: {NEW_PACKAGE}.data.datamodule.MNISTDataModule"
+        f"_target_: {NEW_PACKAGE}.data.MNISTDataModule"
         in (renamed / "conf" / "data" / "idx.yaml").read_text()
     )
     # git sees the package's files as renamed (and edited), not as deleted and added anew: each one
@@ -124,7 +124,7 @@ def test_no_trace_of_the_old_name_is_left(renamed):
     # 36 lines of imports and references, fall below it).
     git("add", "--all", cwd=renamed)
     status = git("diff", "--cached", "--name-status", "-M", cwd=renamed)
-    for module in ("data/base.py", "data/datamodule.py", "models/networks.py", "models/classifier.py"):
+    for module in ("data.py", "model.py", "networks.py", "schema.py"):
         assert re.search(rf"^R\d+\tsrc/mnist_ddp/{module}\tsrc/{NEW_PACKAGE}/{module}$", status, re.MULTILINE), status
 
 

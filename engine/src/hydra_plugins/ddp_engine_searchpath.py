@@ -10,7 +10,9 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 
 class DDPEngineSearchPathPlugin(SearchPathPlugin):
-    """Appends ``pkg://ddp_engine.conf`` to Hydra's config search path."""
+    """Appends ``pkg://ddp_engine.conf``, then the image machinery's ``pkg://ddp_engine.vision.conf``
+    (``data=folder``, the base of image data sets), to Hydra's config search path."""
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         search_path.append(provider="ddp-engine", path="pkg://ddp_engine.conf")
+        search_path.append(provider="ddp-engine-vision", path="pkg://ddp_engine.vision.conf")

@@ -1,4 +1,4 @@
-"""Export: what ``python -m mnist_ddp.export`` does, in one process.
+"""Export: what ``python -m <package>.export`` does, in one process.
 
 :func:`export_checkpoint` writes the network of a checkpoint, with the normalization of its
 training run inside, to a file that runs without this project: an ONNX model (``format=onnx``,
@@ -7,7 +7,7 @@ loaded with ``torch.export.load``). By default the file goes beside the checkpoi
 (``epoch_002.ckpt`` -> ``epoch_002.onnx`` / ``epoch_002.pt2``); ``output=<file>`` puts it elsewhere.
 
 The exported model's contract (:class:`PixelClassifier`), from the data set the checkpoint was
-trained on (its :class:`~mnist_ddp.data.spec.DataSpec`):
+trained on (its :class:`~ddp_engine.vision.spec.DataSpec`):
 
 - input ``images``: ``(N, C, H, W)`` uint8 pixel values 0..255 of the data set's image shape, as
   its files hold them (MNIST: ``(N, 1, 28, 28)``, a white digit on black), for any batch size
@@ -34,14 +34,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from ddp_engine.api import ExportError, atomic_path, build_model
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from mnist_ddp.data.base import first_pixels
-from mnist_ddp.data.spec import DataSpec, checkpoint_data_spec, normalize_pixels
-from mnist_ddp.run.export_format import SUFFIXES, ExportFormat, check_output, output_path
+from ddp_engine.api import ExportError, atomic_path, build_model
+from ddp_engine.vision.classification import first_pixels
+from ddp_engine.vision.export_format import SUFFIXES, ExportFormat, check_output, output_path
+from ddp_engine.vision.spec import DataSpec, checkpoint_data_spec, normalize_pixels
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +59,11 @@ class PixelClassifier(nn.Module):
     """A network with its data set's normalization in front: what is exported.
 
     Shapes: ``(N, C, H, W)`` uint8 pixel values 0..255 -> normalized ``(N, C, H, W)`` float32,
-    ``(pixel / 255 - mean[c]) / std[c]`` (:func:`~mnist_ddp.data.spec.normalize_pixels`, the training
+    ``(pixel / 255 - mean[c]) / std[c]`` (:func:`~ddp_engine.vision.spec.normalize_pixels`, the training
     images' own formula) -> ``net`` -> ``(N, num_classes)`` float32 logits.
 
     Args:
-        net: the network (:mod:`mnist_ddp.models.networks`), in eval mode for export.
+        net: the network (:mod:`ddp_engine.vision.networks`), in eval mode for export.
         spec: the data set it was trained on (its statistics become the graph's constants).
     """
 

@@ -1,5 +1,5 @@
 """An IDX image data set (MNIST by default) as a DataModule: the four files read once into memory,
-sharded across DDP processes by :class:`~mnist_ddp.data.base.ClassificationDataModule`.
+sharded across DDP processes by :class:`~ddp_engine.vision.classification.ClassificationDataModule`.
 
 - ``prepare_data`` (local rank 0 of each node) makes sure the four IDX files are on disk.
 - ``setup`` loads them once into tensors: images ``(N, 1, H, W)`` uint8, labels ``(N,)`` int64;
@@ -16,10 +16,8 @@ from pathlib import Path
 
 import torch
 from ddp_engine.api import ConfigValueError, GatherDataset
-from typing_extensions import override
-
-from mnist_ddp.data.base import ClassificationDataModule
-from mnist_ddp.data.idx import (
+from ddp_engine.vision.classification import ClassificationDataModule
+from ddp_engine.vision.idx import (
     LABELS_KIND,
     MNIST_FILES,
     check_idx_file,
@@ -29,7 +27,8 @@ from mnist_ddp.data.idx import (
     import_class,
     read_idx_split,
 )
-from mnist_ddp.data.spec import DataSpec
+from ddp_engine.vision.spec import DataSpec
+from typing_extensions import override
 
 #: Mean and standard deviation of the MNIST training pixels on a 0..1 scale (over all 60,000
 #: training images; the figures used by PyTorch's examples/mnist).
@@ -46,7 +45,7 @@ class MNISTDataModule(ClassificationDataModule):
     Args:
         data_dir: the data root; the files are in (or are downloaded into) ``data_dir/subdir``.
         global_batch_size, num_workers, shuffle_seed, crop_padding, horizontal_flip,
-            prepare_data_per_node, on_device: see :class:`~mnist_ddp.data.base.ClassificationDataModule`
+            prepare_data_per_node, on_device: see :class:`~ddp_engine.vision.classification.ClassificationDataModule`
             (``num_workers`` defaults to 0 here since the data is already in memory;
             ``on_device=true`` puts about 52 MiB of uint8 on the GPU for MNIST).
         val_size: images taken from the training images for validation (default 5,000).
@@ -55,10 +54,10 @@ class MNISTDataModule(ClassificationDataModule):
         subdir: the folder under ``data_dir`` with the files (default ``MNIST/raw``, torchvision's
             layout ``<class name>/raw``; ``.`` for ``data_dir`` itself).
         files: the four IDX file names by role, keys ``train_images``, ``train_labels``,
-            ``test_images``, ``test_labels`` (default :data:`~mnist_ddp.data.idx.MNIST_FILES`).
+            ``test_images``, ``test_labels`` (default :data:`~ddp_engine.vision.idx.MNIST_FILES`).
             Images ``(N, H, W)`` uint8 (``image_size``), labels ``(N,)`` uint8. Each is
             read uncompressed or as shipped, ``<name>.gz`` (the uncompressed one when both are
-            there; see :func:`~mnist_ddp.data.idx.find_idx_file`).
+            there; see :func:`~ddp_engine.vision.idx.find_idx_file`).
         download: import path of the torchvision class that downloads missing files (default
             ``torchvision.datasets.MNIST``; ``FashionMNIST`` or ``KMNIST`` for those), or None
             for a data set that cannot be downloaded.
@@ -75,9 +74,9 @@ class MNISTDataModule(ClassificationDataModule):
         ConfigValueError: from the constructor when ``files`` lacks a role, ``class_names`` is
             empty, ``download`` is not an importable class, or ``std`` is not positive; from
             :meth:`setup` when ``val_size`` leaves no training images.
-        DataNotAvailableError: from :meth:`prepare_data`, see :func:`~mnist_ddp.data.idx.ensure_idx_files`.
+        DataNotAvailableError: from :meth:`prepare_data`, see :func:`~ddp_engine.vision.idx.ensure_idx_files`.
         DataFormatError: from :meth:`prepare_data`, :meth:`describe` and :meth:`setup`, see
-            :func:`~mnist_ddp.data.idx.check_idx_split`.
+            :func:`~ddp_engine.vision.idx.check_idx_split`.
     """
 
     #: The data root may move between a run and its resume or evaluation.
@@ -178,7 +177,7 @@ class MNISTDataModule(ClassificationDataModule):
 
         Raises:
             ConfigValueError: naming ``data.val_size`` and the training split's size.
-            DataNotAvailableError, DataFormatError: see :func:`~mnist_ddp.data.idx.check_idx_file`.
+            DataNotAvailableError, DataFormatError: see :func:`~ddp_engine.vision.idx.check_idx_file`.
         """
         (train_count,) = check_idx_file(self._split_files("train")[1], 1, LABELS_KIND)
         self._check_split_sizes(train_count)

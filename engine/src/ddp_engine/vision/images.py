@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from ddp_engine.api import DataFormatError, DataNotAvailableError, first_line
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torchvision.transforms.v2.functional import resize
+
+from ddp_engine.api import DataFormatError, DataNotAvailableError, first_line
 
 #: The file name suffixes of the images read (any case); other files are left out.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")

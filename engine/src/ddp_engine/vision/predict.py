@@ -1,7 +1,7 @@
-"""Prediction: what ``python -m mnist_ddp.predict`` does with each job.
+"""Prediction: what ``python -m <package>.predict`` does with each job.
 
 Every process of the job runs :func:`predict`: it applies the checkpoint to its shard of the
-inputs (a folder of PNG or JPEG images, one image, or an IDX images file: :mod:`mnist_ddp.data.inputs`),
+inputs (a folder of PNG or JPEG images, one image, or an IDX images file: :mod:`ddp_engine.vision.inputs`),
 and global rank 0 writes
 ``predictions.csv`` into the run directory (``logs/predictions/<stamp>/``): one row per input, in
 input order (:data:`COLUMNS`).
@@ -15,7 +15,7 @@ writes the CSV atomically: a kill leaves the whole file or none.
 
 The model is the checkpoint's run's, as for evaluation (:mod:`ddp_engine.config.saved_run`); the image
 shape, normalization and class names are the ones the checkpoint keeps (its
-:class:`~mnist_ddp.data.spec.DataSpec`). The data set's own files are not read.
+:class:`~ddp_engine.vision.spec.DataSpec`). The data set's own files are not read.
 """
 
 import logging
@@ -25,6 +25,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig
+from torch import Tensor
+from torch.utils.data import default_convert
+
 from ddp_engine.api import (
     METRICS_FILE,
     build_model,
@@ -35,14 +41,8 @@ from ddp_engine.api import (
     write_csv,
     write_json,
 )
-from lightning.pytorch.callbacks import BasePredictionWriter
-from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig
-from torch import Tensor
-from torch.utils.data import default_convert
-
-from mnist_ddp.data.inputs import InputImages
-from mnist_ddp.data.spec import checkpoint_data_spec
+from ddp_engine.vision.inputs import InputImages
+from ddp_engine.vision.spec import checkpoint_data_spec
 
 log = logging.getLogger(__name__)
 info = rank_zero_only(log.info)
@@ -104,7 +104,7 @@ class PredictionCSV(BasePredictionWriter):
 
     Args:
         path: the CSV file.
-        names: the inputs' names, by input index (:func:`mnist_ddp.data.inputs.list_inputs`).
+        names: the inputs' names, by input index (:func:`ddp_engine.vision.inputs.list_inputs`).
         class_names: the class names, by class index (the checkpoint's data spec).
     """
 

@@ -17,7 +17,7 @@ other processes, read it instead of decoding everything again.
 Training decodes each image once more: all of them into memory as uint8 when they fit under
 ``in_memory_limit_mib`` (then every batch is one gather, as for the IDX files), otherwise one
 sample at a time from disk in ``num_workers`` DataLoader workers. Both go through the same
-sharding, exact evaluation and resume of :class:`~mnist_ddp.data.base.ClassificationDataModule`.
+sharding, exact evaluation and resume of :class:`~ddp_engine.vision.classification.ClassificationDataModule`.
 """
 
 import hashlib
@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from ddp_engine.api import ConfigValueError, DataFormatError, DataNotAvailableError, GatherDataset, write_json
 from torch import Tensor
 from torch.utils.data import Dataset
 from typing_extensions import override
 
-from mnist_ddp.data.base import ClassificationDataModule
-from mnist_ddp.data.images import decode_image_file, is_image_file, resized
-from mnist_ddp.data.spec import DataSpec, per_channel
+from ddp_engine.api import ConfigValueError, DataFormatError, DataNotAvailableError, GatherDataset, write_json
+from ddp_engine.vision.classification import ClassificationDataModule
+from ddp_engine.vision.images import decode_image_file, is_image_file, resized
+from ddp_engine.vision.spec import DataSpec, per_channel
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class ImageFolderDataModule(ClassificationDataModule):
     Args:
         root: the folder that holds ``train/``, ``test/`` and optionally ``val/``.
         global_batch_size, num_workers, shuffle_seed, crop_padding, horizontal_flip,
-            prepare_data_per_node, on_device: see :class:`~mnist_ddp.data.base.ClassificationDataModule`.
+            prepare_data_per_node, on_device: see :class:`~ddp_engine.vision.classification.ClassificationDataModule`.
         val_size: without ``val/``, the training images held out for validation: a fraction in
             ``(0, 1)`` (default 0.1) or a count of at least 1 (as scikit-learn's ``test_size``).
             Ignored when ``val/`` exists.

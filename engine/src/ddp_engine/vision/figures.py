@@ -26,7 +26,7 @@ def image_grid(pixels: Tensor, titles: Sequence[str], heading: str = "", columns
     are scaled down to cells of at most 1.6 inches.
 
     Args:
-        pixels: ``(N, C, H, W)`` float32 on a 0..1 scale (:meth:`~mnist_ddp.data.spec.DataSpec.denormalize`);
+        pixels: ``(N, C, H, W)`` float32 on a 0..1 scale (:meth:`~ddp_engine.vision.spec.DataSpec.denormalize`);
             one or two channels are shown as gray levels (the first), three or more as RGB (the first three).
         titles: ``N`` strings, one per image.
         heading: the figure's title, which says what the image titles are (default none).

@@ -1,8 +1,8 @@
-"""The inputs of ``python -m mnist_ddp.predict``: a folder of PNG or JPEG images, one such image, or
+"""The inputs of ``python -m <package>.predict``: a folder of PNG or JPEG images, one such image, or
 an IDX images file (uncompressed or gzipped), found, checked and read.
 
 Every image must be what the model takes: its data set's image shape ``(C, H, W)`` (the
-checkpoint's :class:`~mnist_ddp.data.spec.DataSpec`), in the pixel values of that data set (MNIST:
+checkpoint's :class:`~ddp_engine.vision.spec.DataSpec`), in the pixel values of that data set (MNIST:
 a white digit on black, as its IDX files hold them). An image of another size or channel count is
 refused, not converted, since how to bring it to the model's shape (crop, pad, scale; which colour
 to keep) changes what the model sees and is the user's choice; with ``resize=true`` every input is
@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ddp_engine.api import ConfigValueError, DataFormatError, DataNotAvailableError
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from mnist_ddp.data.idx import IMAGES_KIND, check_idx_file, read_idx_file
-from mnist_ddp.data.images import IMAGE_SUFFIXES, converted, decode_image_file, is_image_file, resized
-from mnist_ddp.data.input_path import check_input_path
-from mnist_ddp.data.spec import DataSpec
+from ddp_engine.api import ConfigValueError, DataFormatError, DataNotAvailableError
+from ddp_engine.vision.idx import IMAGES_KIND, check_idx_file, read_idx_file
+from ddp_engine.vision.images import IMAGE_SUFFIXES, converted, decode_image_file, is_image_file, resized
+from ddp_engine.vision.input_path import check_input_path
+from ddp_engine.vision.spec import DataSpec
 
 
 def list_inputs(path: Path) -> list[str]:
@@ -108,7 +108,7 @@ def check_inputs(path: Path, world_size: int, spec: DataSpec, resize: bool = Fal
 
     Raises:
         DataNotAvailableError, DataFormatError: see :func:`list_inputs`, :func:`fit_to_model` and
-            :func:`~mnist_ddp.data.images.decode_image_file`.
+            :func:`~ddp_engine.vision.images.decode_image_file`.
         ConfigValueError: for fewer inputs than replicas, naming the process count that fits.
     """
     images = InputImages(path, spec, resize)
@@ -139,7 +139,7 @@ class InputImages(Dataset):
     """The inputs at ``path`` (:func:`list_inputs`) as the model takes them, served a batch at a time.
 
     Each batch is ``(images,)``: ``(B, C, H, W)`` float32, normalized as the training images were
-    (:meth:`~mnist_ddp.data.spec.DataSpec.normalize`). An IDX file is read whole once (a few MB);
+    (:meth:`~ddp_engine.vision.spec.DataSpec.normalize`). An IDX file is read whole once (a few MB);
     image files are decoded as their batch is served, so that each replica decodes only its own
     shard. It serves whole batches (``__getitems__``), as a
     :class:`~ddp_engine.data.sharded.GatherDataset` does: a DataLoader over it needs

@@ -1,6 +1,6 @@
-"""The path of ``python -m mnist_ddp.predict``'s inputs (``input=``), checked without torch: the
+"""The path of ``python -m <package>.predict``'s inputs (``input=``), checked without torch: the
 command refuses a path that names nothing before it imports torch and Lightning (seconds), and
-:func:`mnist_ddp.data.inputs.list_inputs` then reads what it names."""
+:func:`ddp_engine.vision.inputs.list_inputs` then reads what it names."""
 
 from pathlib import Path
 from typing import Any

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ddp_engine.api import ConfigValueError
 from torch import Tensor
+
+from ddp_engine.api import ConfigValueError
 
 #: The key under which a checkpoint holds its data set's spec (:meth:`DataSpec.to_dict`).
 CHECKPOINT_KEY = "data_spec"
@@ -79,7 +80,7 @@ class DataSpec:
 
     def network_arguments(self) -> dict[str, Any]:
         """The arguments every network takes from the data: ``in_channels``, ``image_size`` ``[H, W]``
-        and ``num_classes`` (:mod:`mnist_ddp.models.networks`)."""
+        and ``num_classes`` (:mod:`ddp_engine.vision.networks`)."""
         return {"in_channels": self.channels, "image_size": list(self.image_size), "num_classes": self.num_classes}
 
     def model_arguments(self) -> dict[str, Any]:

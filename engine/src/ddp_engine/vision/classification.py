@@ -4,21 +4,21 @@ the engine's sharding, exact evaluation and resume position (:class:`~ddp_engine
 come normalization and augmentation.
 
 Every batch arrives as uint8 pixels and is normalized on its device by the data set's own formula
-(:meth:`mnist_ddp.data.spec.DataSpec.normalize`), after the optional train-time augmentation
-(:mod:`mnist_ddp.data.augment`).
+(:meth:`ddp_engine.vision.spec.DataSpec.normalize`), after the optional train-time augmentation
+(:mod:`ddp_engine.vision.augment`).
 """
 
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ddp_engine.api import ConfigValueError, ShardedDataModule, collate_for
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
-from mnist_ddp.data.augment import crop_and_flip
-from mnist_ddp.data.spec import DataSpec, check_same_data, read_data_spec
+from ddp_engine.api import ConfigValueError, ShardedDataModule, collate_for
+from ddp_engine.vision.augment import crop_and_flip
+from ddp_engine.vision.spec import DataSpec, check_same_data, read_data_spec
 
 
 def first_pixels(dataset: Dataset, count: int) -> Tensor:
@@ -36,7 +36,7 @@ class ClassificationDataModule(ShardedDataModule):
 
     A subclass implements:
 
-    - :meth:`describe` -> :class:`~mnist_ddp.data.spec.DataSpec`: class names, image shape
+    - :meth:`describe` -> :class:`~ddp_engine.vision.spec.DataSpec`: class names, image shape
       ``(C, H, W)``, per-channel mean and std. Called once per process (then :attr:`spec`
       keeps it), also before any process starts, so it may read files but should be quick.
     - ``setup(stage)``: set :attr:`train_set` and :attr:`val_set` for ``"fit"`` and
@@ -61,7 +61,7 @@ class ClassificationDataModule(ShardedDataModule):
             off for digits and text, which a mirror changes).
 
     The augmentation draws of a sample depend only on ``shuffle_seed``, the epoch and the
-    sample's index (:mod:`mnist_ddp.data.augment`), so a resume in place, on another world size
+    sample's index (:mod:`ddp_engine.vision.augment`), so a resume in place, on another world size
     or with another ``num_workers`` sees the same augmented batches as the uninterrupted run.
 
     Raises:
@@ -110,18 +110,19 @@ class ClassificationDataModule(ShardedDataModule):
     @property
     @override
     def serves_indices(self) -> bool:
-        # The augmentation's draws need each sample's index (mnist_ddp.data.augment).
+        # The augmentation's draws need each sample's index (ddp_engine.vision.augment).
         return self.augments
 
     @override
     def model_arguments(self) -> dict[str, Any]:
         """``net``: the data's ``in_channels``, ``image_size`` and ``num_classes``; ``data_spec``: the
-        spec, which the classifier keeps in every checkpoint (:meth:`~mnist_ddp.data.spec.DataSpec.model_arguments`)."""
+        spec, which the classifier keeps in every checkpoint
+        (:meth:`~ddp_engine.vision.spec.DataSpec.model_arguments`)."""
         return self.spec.model_arguments()
 
     @override
     def model_arguments_of(self, checkpoint: Path) -> dict[str, Any] | None:
-        """Those of the spec ``checkpoint`` keeps (:func:`~mnist_ddp.data.spec.read_data_spec`); None
+        """Those of the spec ``checkpoint`` keeps (:func:`~ddp_engine.vision.spec.read_data_spec`); None
         when it keeps none (an earlier version's) or cannot be read (its own check says why)."""
         try:
             spec = read_data_spec(checkpoint)
@@ -131,8 +132,8 @@ class ClassificationDataModule(ShardedDataModule):
 
     @override
     def check_checkpoint(self, checkpoint: Path) -> None:
-        """Refuse a checkpoint whose data spec (:func:`~mnist_ddp.data.spec.read_data_spec`) differs
-        from :attr:`spec` (:func:`~mnist_ddp.data.spec.check_same_data`); one that keeps none, or
+        """Refuse a checkpoint whose data spec (:func:`~ddp_engine.vision.spec.read_data_spec`) differs
+        from :attr:`spec` (:func:`~ddp_engine.vision.spec.check_same_data`); one that keeps none, or
         cannot be read, is not checked here."""
         try:
             saved = read_data_spec(checkpoint)

@@ -1,5 +1,5 @@
-"""The formats ``python -m mnist_ddp.export`` writes (the schema's ``format``) and the file each
-writes, apart from the exporter (:mod:`mnist_ddp.run.export`) so that the schema reads them, and
+"""The formats ``python -m <package>.export`` writes (the schema's ``format``) and the file each
+writes, apart from the exporter (:mod:`ddp_engine.vision.export`) so that the schema reads them, and
 the command checks the output and the format's packages, without importing torch (seconds)."""
 
 import importlib.util
@@ -11,7 +11,7 @@ from ddp_engine.api import ConfigValueError, ExportError, check_writable
 
 
 class ExportFormat(str, Enum):
-    """``format`` of ``python -m mnist_ddp.export`` (:mod:`mnist_ddp.run.export`): ``onnx``, an
+    """``format`` of ``python -m <package>.export`` (:mod:`ddp_engine.vision.export`): ``onnx``, an
     ONNX model (``<checkpoint stem>.onnx``), or ``torch_export``, a ``torch.export`` program
     (``<checkpoint stem>.pt2``)."""
 
@@ -42,7 +42,7 @@ def check_exporter(export_format: ExportFormat) -> None:
         raise ExportError(
             f"format={export_format.value} needs the packages {', '.join(PACKAGES[export_format])}, and "
             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
-            "pip install 'mnist-ddp[export]' (or format=torch_export, which needs nothing more)."
+            f"pip install {' '.join(PACKAGES[export_format])} (or format=torch_export, which needs nothing more)."
         )
 
 

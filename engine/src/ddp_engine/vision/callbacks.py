@@ -1,12 +1,14 @@
-"""Where the model fails: the confusion matrix and the misclassified images of the test set."""
+"""The figures of an image classification task: what the network is fed (:class:`InputBatchFigure`)
+and where it fails (:class:`MisclassificationReport`), written to every tracker that takes images."""
 
 import lightning as L
 import torch
-from ddp_engine.api import log_figure, media_loggers
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
+from typing_extensions import override
 
-from mnist_ddp.callbacks.figures import confusion_matrix_figure, image_grid
+from ddp_engine.api import log_figure, media_loggers
+from ddp_engine.vision.figures import confusion_matrix_figure, image_grid
 
 
 class MisclassificationReport(L.Callback):
@@ -23,7 +25,7 @@ class MisclassificationReport(L.Callback):
 
     ``test_step`` must return the predicted classes of its batch, ``(N,)`` int64, and batches
     must be ``(images (N, C, H, W), labels (N,))``. The class count, class names, image shape and
-    normalization are the DataModule's (its ``spec``: :class:`~mnist_ddp.data.spec.DataSpec`).
+    normalization are the DataModule's (its ``spec``: :class:`~ddp_engine.vision.spec.DataSpec`).
 
     Args:
         max_images: most misclassified images shown (default 64).
@@ -80,3 +82,33 @@ class MisclassificationReport(L.Callback):
         labels, preds = gathered["labels"].reshape(-1), gathered["preds"].reshape(-1)
         keep = (labels >= 0).nonzero().flatten()[: self.max_images]
         return images[keep], labels[keep], preds[keep]
+
+
+class InputBatchFigure(L.Callback):
+    """Image ``train/input_batch`` at the first training step (not again when a run resumes from a
+    checkpoint): up to ``max_images`` images of global rank 0's first batch as the network gets
+    them (augmented, if the data set is), un-normalized, each titled with its class name (a wrong
+    label or a blank image shows here).
+
+    A callback of the image classification task (``task.callbacks.input_batch``): batches are
+    ``(images (N, C, H, W) float32, labels (N,) int64)``, and the DataModule's ``spec``
+    (:class:`~ddp_engine.vision.spec.DataSpec`) gives the class names and the normalization.
+
+    Args:
+        max_images: images in the figure (default 64).
+    """
+
+    def __init__(self, max_images: int = 64) -> None:
+        self.max_images = max_images
+
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if trainer.global_step != 0 or batch_idx != 0 or trainer.current_epoch != 0 or not trainer.is_global_zero:
+            return
+        if not media_loggers(trainer):
+            return
+        images, labels = batch[0][: self.max_images], batch[1][: self.max_images]
+        spec = trainer.datamodule.spec
+        titles = [spec.class_names[label] for label in labels.tolist()]
+        figure = image_grid(spec.denormalize(images), titles, heading="label")
+        log_figure(trainer, "train/input_batch", figure, step=0)

@@ -1,4 +1,4 @@
-"""The LightningModule that trains a network (:mod:`mnist_ddp.models.networks`).
+"""The LightningModule that trains a network (:mod:`ddp_engine.vision.networks`).
 
 Every DDP process builds the same module; Lightning wraps it in DistributedDataParallel, which
 averages gradients over the process group with AllReduce before each optimizer step.
@@ -10,11 +10,10 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from ddp_engine.api import build_lr_scheduler, logs_this_step, needs_total_steps
+from ddp_engine.vision.spec import CHECKPOINT_KEY, DataSpec
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
-
-from mnist_ddp.data.spec import CHECKPOINT_KEY, DataSpec
 
 
 class MNISTClassifier(L.LightningModule):
@@ -38,9 +37,9 @@ class MNISTClassifier(L.LightningModule):
         compile: compile ``net`` with ``torch.compile`` (``nn.Module.compile``, in place, so
             checkpoint keys stay those of the plain module) before training (default False).
             Worth it on GPUs; the first steps then include the compilation (tens of seconds).
-        data_spec: the data set's facts (:class:`~mnist_ddp.data.spec.DataSpec`, or its
-            :meth:`~mnist_ddp.data.spec.DataSpec.to_dict`): the class count of the metrics. Every
-            checkpoint keeps it (key :data:`~mnist_ddp.data.spec.CHECKPOINT_KEY`), so that
+        data_spec: the data set's facts (:class:`~ddp_engine.vision.spec.DataSpec`, or its
+            :meth:`~ddp_engine.vision.spec.DataSpec.to_dict`): the class count of the metrics. Every
+            checkpoint keeps it (key :data:`~ddp_engine.vision.spec.CHECKPOINT_KEY`), so that
             ``predict`` and ``export`` know the classes, image shape and normalization the network
             was trained for.
     """
@@ -98,7 +97,7 @@ class MNISTClassifier(L.LightningModule):
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Returns the predicted classes ``(N,)`` int64, for callbacks such as
-        :class:`~mnist_ddp.callbacks.misclassified.MisclassificationReport`."""
+        :class:`~ddp_engine.vision.callbacks.MisclassificationReport`."""
         return self._evaluate(batch, self.test_loss, self.test_acc, "test")
 
     def predict_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:

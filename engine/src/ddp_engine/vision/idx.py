@@ -23,8 +23,9 @@ from typing import BinaryIO
 
 import numpy as np
 import torch
-from ddp_engine.api import DataFormatError, DataNotAvailableError, first_line
 from torch import Tensor
+
+from ddp_engine.api import DataFormatError, DataNotAvailableError, first_line
 
 #: The four files of the original data set (http://yann.lecun.com/exdb/mnist/), uncompressed,
 #: as torchvision expects them in ``<data_dir>/MNIST/raw/``, by the role each plays.

@@ -1,1 +1,0 @@
-"""The models: networks (:mod:`.networks`) and the LightningModule that trains them (:mod:`.classifier`)."""
