@@ -10,7 +10,6 @@ import http.server
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import lightning as L
 import numpy as np
 from ddp_engine.models.build import build_model
 from ddp_engine.vision.idx import MNIST_FILES
+from harness import override_keys
 from hydra.utils import instantiate
 
 from mnist_ddp.task import TASK
@@ -144,11 +144,6 @@ def with_template_task(overrides: Sequence[str]) -> list[str]:
     return [*(choice for choice in (IDX_DATA, *TEMPLATE_TASK) if choice.split("=")[0] not in keys), *overrides]
 
 
-def override_keys(overrides: Sequence[str]) -> set[str]:
-    """The keys and groups that ``overrides`` set (``data``, ``model.net.dropout``), flags left out."""
-    return {arg.lstrip("+~").split("=", 1)[0] for arg in overrides if not arg.startswith("-")}
-
-
 def cli_env(**extra: str) -> dict[str, str]:
     """:func:`harness.cli_env` with tests/ on PYTHONPATH too, for the test-only DataModules of
     ``custom_datamodules.py`` that commands load through Hydra overrides."""
@@ -182,54 +177,16 @@ def fit_and_test_in_process(cfg, root_dir: Path, max_epochs: int = 3) -> tuple:
     return datamodule, test
 
 
-# torchrun shares its rendezvous TCPStore with the workers by default, and since the store keeps
-# the previous attempt's keys, restarted workers meet stale peer addresses (pytorch/pytorch#135712).
-# Opting out of the sharing is torch's documented workaround; docs/scaling-out.md says so too.
-TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-
-
 def torchrun(*torchrun_args: str, overrides: tuple[str, ...], log_dir, timeout: float = 600):
-    """Run training under real torchrun (``python -m torch.distributed.run <torchrun_args>``), as
-    :func:`run_cli` runs it alone; wait for it, and capture its output."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *torchrun_args,
-        *cli_command(*overrides, log_dir=log_dir)[1:],
-    ]
-    return subprocess.run(
-        command, cwd=REPO, env=cli_env(**TORCHRUN_ENV), capture_output=True, text=True, timeout=timeout
-    )
+    """:func:`harness.torchrun` of the training, with :func:`cli_command`'s choices of data and network."""
+    overrides = overrides if "hydra.run.dir" in override_keys(overrides) else with_template_task(overrides)
+    return harness.torchrun("mnist_ddp.train", *torchrun_args, overrides=overrides, log_dir=log_dir, env=cli_env(),
+                            timeout=timeout)  # fmt: skip
 
 
 def simulated_slurm(bin_dir: Path, job_id: str, ntasks: int) -> dict[str, str]:
-    """The environment of a SLURM batch job on one node, for running a batch script here.
-
-    SLURM cannot exist here, so ``bin_dir`` gets two stand-ins (put first on PATH): ``srun``, which
-    starts one task per ``SLURM_NTASKS`` with the variables srun gives each task, writes their pids
-    into ``bin_dir/tasks.pids`` and waits for them; and ``scontrol``, which appends its arguments
-    to ``bin_dir/scontrol.log``. Everything the tasks do (Lightning's SLURMEnvironment, gloo, the
-    run) is real. Returns :func:`cli_env` with the job's SLURM variables and that PATH.
-    """
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    (bin_dir / "srun").write_text(
-        "#!/bin/bash\n"
-        "pids=()\n"
-        "for ((task = 0; task < SLURM_NTASKS; task++)); do\n"
-        '  SLURM_PROCID=$task SLURM_LOCALID=$task SLURM_NODEID=0 SLURM_STEP_ID=0 "$@" & pids+=($!)\n'
-        "done\n"
-        f'echo "${{pids[@]}}" > {bin_dir / "tasks.pids"}\n'
-        'status=0; for pid in "${pids[@]}"; do wait "$pid" || status=$?; done; exit $status\n'
-    )
-    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> {bin_dir / "scontrol.log"}\n')
-    for tool in ("srun", "scontrol"):
-        (bin_dir / tool).chmod(0o755)
-    slurm = {"SLURM_JOB_ID": job_id, "SLURM_JOB_NAME": "mnist-ddp", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
-             "SLURM_NTASKS": str(ntasks), "SLURM_NTASKS_PER_NODE": str(ntasks), "SLURM_NODELIST": "127.0.0.1",
-             "SLURM_JOB_NODELIST": "127.0.0.1"}  # fmt: skip
-    env = {key: value for key, value in cli_env(**slurm).items() if key not in ("MASTER_ADDR", "MASTER_PORT")}
-    return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
+    """:func:`harness.simulated_slurm` with :func:`cli_env`."""
+    return harness.simulated_slurm(bin_dir, job_id, ntasks, env=cli_env())
 
 
 class MirrorHandler(http.server.SimpleHTTPRequestHandler):

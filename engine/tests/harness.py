@@ -1,7 +1,8 @@
 """What the engine's tests and a project's share to run commands as a user would and to read what
-a run leaves: the environment of a command (:func:`cli_env`), TensorBoard's scalars as its own
-readers show them, the ranks in a log, live processes from /proc. Project-agnostic: a command is
-``python -m <package>.<command>`` of whichever project a test runs.
+a run leaves: the environment of a command (:func:`cli_env`), a command under torchrun or a
+simulated SLURM job, TensorBoard's scalars as its own readers show them, the ranks in a log, live
+processes from /proc. Task-agnostic: a command is ``python -m <package>.<command>`` of whichever
+task a test runs.
 
 Test modules import them with ``from harness import ...`` (engine/tests is on pytest's
 ``pythonpath`` and on every command's PYTHONPATH).
@@ -12,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from tensorboard.backend.event_processing import plugin_event_accumulator
@@ -51,6 +53,56 @@ def run_cli(module: str, *overrides: str, log_dir: Path, env: dict | None = None
     output (a ``subprocess.CompletedProcess``)."""
     return subprocess.run(cli_command(module, *overrides, log_dir=log_dir), cwd=HERE, env=cli_env(**(env or {})),
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def override_keys(overrides: Sequence[str]) -> set[str]:
+    """The keys and groups that ``overrides`` set (``data``, ``model.net.dropout``), flags left out."""
+    return {arg.lstrip("+~").split("=", 1)[0] for arg in overrides if not arg.startswith("-")}
+
+
+# torchrun shares its rendezvous TCPStore with the workers by default, and since the store keeps
+# the previous attempt's keys, restarted workers meet stale peer addresses (pytorch/pytorch#135712).
+# Opting out of the sharing is torch's documented workaround; the scaling-out docs say so too.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def torchrun(module: str, *torchrun_args: str, overrides: Sequence[str], log_dir: Path, env: dict | None = None,
+             timeout: float = 600) -> subprocess.CompletedProcess:  # fmt: skip
+    """Run ``python -m <module>`` under real torchrun (``python -m torch.distributed.run
+    <torchrun_args>``), as :func:`run_cli` runs it alone; wait for it, and capture its output."""
+    command = [sys.executable, "-m", "torch.distributed.run", *torchrun_args,
+               *cli_command(module, *overrides, log_dir=log_dir)[1:]]  # fmt: skip
+    return subprocess.run(command, cwd=HERE, env={**(env or cli_env()), **TORCHRUN_ENV}, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def simulated_slurm(bin_dir: Path, job_id: str, ntasks: int, env: dict | None = None) -> dict[str, str]:
+    """The environment of a SLURM batch job on one node, for running a batch script here.
+
+    SLURM cannot exist here, so ``bin_dir`` gets two stand-ins (put first on PATH): ``srun``, which
+    starts one task per ``SLURM_NTASKS`` with the variables srun gives each task, writes their pids
+    into ``bin_dir/tasks.pids`` and waits for them; and ``scontrol``, which appends its arguments
+    to ``bin_dir/scontrol.log``. Everything the tasks do (Lightning's SLURMEnvironment, gloo, the
+    run) is real. Returns ``env`` (default :func:`cli_env`) with the job's SLURM variables and that PATH.
+    """
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\n"
+        "pids=()\n"
+        "for ((task = 0; task < SLURM_NTASKS; task++)); do\n"
+        '  SLURM_PROCID=$task SLURM_LOCALID=$task SLURM_NODEID=0 SLURM_STEP_ID=0 "$@" & pids+=($!)\n'
+        "done\n"
+        f'echo "${{pids[@]}}" > {bin_dir / "tasks.pids"}\n'
+        'status=0; for pid in "${pids[@]}"; do wait "$pid" || status=$?; done; exit $status\n'
+    )
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> {bin_dir / "scontrol.log"}\n')
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    slurm = {"SLURM_JOB_ID": job_id, "SLURM_JOB_NAME": "ddp-job", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
+             "SLURM_NTASKS": str(ntasks), "SLURM_NTASKS_PER_NODE": str(ntasks), "SLURM_NODELIST": "127.0.0.1",
+             "SLURM_JOB_NODELIST": "127.0.0.1"}  # fmt: skip
+    base = {key: value for key, value in (env or cli_env()).items() if key not in ("MASTER_ADDR", "MASTER_PORT")}
+    return {**base, **slurm, "PATH": f"{bin_dir}{os.pathsep}{base['PATH']}"}
 
 
 def read_scalars(event_dir: Path, steps: bool = False) -> dict[str, list]:

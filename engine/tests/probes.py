@@ -24,8 +24,9 @@ class SampleRecorder(L.Callback):
     rank trained on. Appended as it goes, so a killed run leaves its record up to the kill; a
     resumed run appends to the same files when given the same ``out_dir``.
 
-    Each batch is checked against the dataset: its images must equal the train split's images at
-    the indices the sampler yielded, so the record is what the model really saw.
+    Each batch is checked against the dataset: its inputs must equal the train split's inputs at
+    the indices the sampler yielded (normalized, for a DataModule with a ``spec``: an image data
+    set's), so the record is what the model really saw.
     """
 
     def __init__(self, out_dir: str) -> None:
@@ -41,13 +42,15 @@ class SampleRecorder(L.Callback):
                 list(iter(trainer.train_dataloader.sampler)),
                 0,
             )
-        images, _ = batch
-        indices = self.planned[self.taken : self.taken + len(images)]
+        inputs = batch[0]
+        indices = self.planned[self.taken : self.taken + len(inputs)]
         data = trainer.datamodule
-        expected = data.spec.normalize(data.train_set.tensors[0][indices])
-        if not torch.equal(images.cpu(), expected):
+        expected = data.train_set.tensors[0][indices]
+        if hasattr(data, "spec"):
+            expected = data.spec.normalize(expected)
+        if not torch.equal(inputs.cpu(), expected):
             raise AssertionError(f"rank {trainer.global_rank}: batch {batch_idx} is not the sampler's samples")
-        self.taken += len(images)
+        self.taken += len(inputs)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         with open(self.out_dir / f"rank{trainer.global_rank}_epoch{self.epoch}.jsonl", "a") as file:
             file.write(json.dumps({"step": trainer.global_step, "indices": indices}) + "\n")

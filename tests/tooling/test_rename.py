@@ -115,10 +115,7 @@ def test_no_trace_of_the_old_name_is_left(renamed):
     assert (renamed / "README.md").read_text().splitlines()[0] == f"# {NEW_DIST}"
     pyproject = (renamed / "pyproject.toml").read_text()
     assert f'name = "{NEW_DIST}"' in pyproject and f'{NEW_DIST}-train = "{NEW_PACKAGE}.train:cli"' in pyproject
-    assert (
-        f"_target_: {NEW_PACKAGE}.data.MNISTDataModule"
-        in (renamed / "conf" / "data" / "idx.yaml").read_text()
-    )
+    assert f"_target_: {NEW_PACKAGE}.data.MNISTDataModule" in (renamed / "conf" / "data" / "idx.yaml").read_text()
     # git sees the package's files as renamed (and edited), not as deleted and added anew: each one
     # whose lines are not mostly the package's name (git's threshold: 50% similar; the entry points,
     # 36 lines of imports and references, fall below it).

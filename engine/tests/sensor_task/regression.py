@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError
 from typing_extensions import override
 
-from ddp_engine.data.sharded import GatherDataset, ShardedDataModule
+from ddp_engine.api import GatherDataset, ShardedDataModule, build_lr_scheduler, needs_total_steps
 
 #: Channels and length of one window.
 CHANNELS, LENGTH = 3, 128
@@ -73,13 +73,14 @@ class SensorDataModule(ShardedDataModule):
 
 class SensorNet(nn.Module):
     """``(N, channels, length)`` float windows -> ``(N, outputs)``: one 1-D convolution, average
-    pooling to 8 steps, a linear layer."""
+    pooling to 8 steps, dropout (``dropout``: its probability, 0 for none), a linear layer."""
 
-    def __init__(self, channels: int, length: int, outputs: int, hidden: int = 16) -> None:
+    def __init__(self, channels: int, length: int, outputs: int, hidden: int = 16, dropout: float = 0.1) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv1d(channels, hidden, kernel_size=5, padding=2), nn.ReLU(), nn.AdaptiveAvgPool1d(8), nn.Flatten()
-        )
+            nn.Conv1d(channels, hidden, kernel_size=5, padding=2), nn.ReLU(), nn.AdaptiveAvgPool1d(8), nn.Flatten(),
+            nn.Dropout(dropout),
+        )  # fmt: skip
         self.head = nn.Linear(hidden * 8, outputs)
 
     def forward(self, windows: Tensor) -> Tensor:
@@ -92,9 +93,9 @@ class Regressor(L.LightningModule):
     states, summed over the processes in float64, so that the value does not depend on how the
     samples were split across them)."""
 
-    def __init__(self, net: nn.Module, optimizer) -> None:
+    def __init__(self, net: nn.Module, optimizer, scheduler=None) -> None:
         super().__init__()
-        self.net, self.optimizer_factory = net, optimizer
+        self.net, self.optimizer_factory, self.scheduler_factory = net, optimizer, scheduler
         self.metrics = nn.ModuleDict({
             f"{split}_{name}": metric().set_dtype(torch.float64)
             for split in ("val", "test") for name, metric in (("mse", MeanSquaredError), ("mae", MeanAbsoluteError))
@@ -123,5 +124,13 @@ class Regressor(L.LightningModule):
             metric.update(predictions, targets.double())
             self.log(f"{split}/{name}", metric, on_step=False, on_epoch=True)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return self.optimizer_factory(params=self.parameters())
+    def configure_optimizers(self) -> dict:
+        """``optimizer`` over the parameters, and ``scheduler`` (a ``torch.optim.lr_scheduler``
+        partial, or None) stepped every optimizer step, over the run's steps where it takes them."""
+        optimizer = self.optimizer_factory(params=self.parameters())
+        total_steps = self.trainer.estimated_stepping_batches if needs_total_steps(self.scheduler_factory) else None
+        scheduler = build_lr_scheduler(self.scheduler_factory, optimizer, total_steps)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"},
+        }
