@@ -83,8 +83,12 @@ def check_checkpoint(path: str | Path, model: nn.Module, key: str = "ckpt_path")
                 "Use a checkpoint this template wrote."
             ) from None
         raise CheckpointError(corrupt.format(first_line(error))) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as error:
+    except (RuntimeError, zipfile.BadZipFile, OSError) as error:  # the archive itself
         raise CheckpointError(corrupt.format(first_line(error))) from None
+    # Anything else torch's unpickler raises on bytes that are no pickle (EOFError, IndexError,
+    # KeyError, struct.error, ...: it depends on the bytes): the pickle is corrupt.
+    except Exception as error:
+        raise CheckpointError(corrupt.format(f"its pickled data does not parse: {first_line(error)}")) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"{key}={path} is not a Lightning checkpoint (it has no state_dict).")
     saved = {name: tuple(tensor.shape) for name, tensor in checkpoint["state_dict"].items()}
@@ -289,5 +293,5 @@ def saved_global_step(path: Path) -> int | None:
     memory map, so that none of its tensors is read; None where the file cannot be read as one."""
     try:
         return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
-    except (OSError, RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError):
+    except Exception:  # whatever a corrupt or foreign file makes the unpickler raise
         return None
