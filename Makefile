@@ -17,6 +17,8 @@
 
 PYTHON ?= python3.11
 VENV := .venv
+# The project's import package: its distribution's name (pyproject.toml) with _ for -, as make rename sets it.
+PACKAGE := $(subst -,_,$(shell sed -n 's/^name = "\(.*\)"$$/\1/p' pyproject.toml | head -n 1))
 # Marker file: the venv is rebuilt when either pyproject.toml or the constraints change.
 INSTALLED := $(VENV)/.installed
 # The versions the whole suite passed on (constraints.txt), installed by default; `CONSTRAINTS=` (empty)
@@ -33,7 +35,7 @@ $(INSTALLED): pyproject.toml engine/pyproject.toml $(CONSTRAINTS)
 	touch $@
 
 train: $(INSTALLED)
-	$(VENV)/bin/python -m mnist_ddp.train $(ARGS)
+	$(VENV)/bin/python -m $(PACKAGE).train $(ARGS)
 
 test: $(INSTALLED)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -66,6 +66,13 @@ def synthetic_data(synthetic_data_dir) -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def task_overrides(synthetic_data) -> list[str]:
+    """What points the task's commands at test data, for its guarantees (test_task.py): the synthetic
+    MNIST files. A task of your own returns its own (or none, where its configs' data will do)."""
+    return synthetic_data
+
+
+@pytest.fixture(scope="session")
 def synthetic_run(synthetic_data_dir, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """One finished 2-epoch run with 2 gloo processes on the synthetic data, logged to TensorBoard,
     CSV and W&B (offline): (log_dir, result)."""

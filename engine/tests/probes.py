@@ -284,3 +284,22 @@ class SignalJobTasks(L.Callback):
             parent = os.getppid()
             for pid in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
                 os.kill(int(pid), getattr(signal, self.signal))
+
+
+class BalancedNet(torch.nn.Module):
+    """Not a callback: a network for ZeRO-1's runs (``model.net._target_=probes.BalancedNet``), the
+    regression's windows ``(N, channels, length)`` -> ``(N, outputs)`` through two linear layers of
+    equal weights (``channels * length`` x ``hidden`` and back) and an output layer. torch's
+    ZeroRedundancyOptimizer gives each rank whole tensors, so the optimizer state splits evenly
+    only where no one tensor dominates, as here (the regression's own network has one)."""
+
+    def __init__(self, channels: int, length: int, outputs: int, hidden: int = 192, dropout: float = 0.0) -> None:
+        super().__init__()
+        features = channels * length
+        self.layers = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, features),
+            torch.nn.ReLU(), torch.nn.Dropout(dropout), torch.nn.Linear(features, outputs),
+        )  # fmt: skip
+
+    def forward(self, windows: torch.Tensor) -> torch.Tensor:
+        return self.layers(windows)

@@ -1,50 +1,28 @@
-"""One place per default: ``conf/`` holds every value; the schema only says which keys exist and
-their types; the template's own classes take no default or the one the config gives.
+"""One place per default: ``conf/`` holds every value the command line need not give, and the
+classes its data sets, models and task build take no default or the one the config gives.
 
-(Lightning's and torch's classes keep their own defaults: the config sets what the template
-chooses differently, such as ``trainer.log_every_n_steps``.)
+(The engine's schema, and its own groups against its classes: engine/tests/config/test_engine_defaults.py.)
 """
 
-import dataclasses
 import inspect
 from enum import Enum
 
 import pytest
-from ddp_engine.config import schema
 from ddp_engine.config.compose import group_options, missing_values
 from ddp_engine.config.saved_run import loading_keys
 from ddp_engine.config.schema import register_configs
 from helpers import CONFIG_DIR
 from hydra import compose, initialize_config_dir
 from hydra.utils import get_object
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 register_configs()
-
-SCHEMAS = [obj for obj in vars(schema).values() if isinstance(obj, type) and dataclasses.is_dataclass(obj)]
 
 
 def options_of(group: str) -> list[str]:
     """The options of ``group`` in the project's conf/ and the engine's, as the command line offers them."""
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return group_options(group)
-
-
-def unselected_member(field: dataclasses.Field) -> bool:
-    """A member of a group that selects several (``logger``: ``tensorboard``, ``csv``, ...),
-    typed ``<its schema> | None``: None means that it is not selected, not a default value."""
-    return field.default is None and any(dataclasses.is_dataclass(arg) for arg in getattr(field.type, "__args__", ()))
-
-
-@pytest.mark.parametrize("dataclass", SCHEMAS, ids=lambda dataclass: dataclass.__name__)
-def test_the_schema_holds_no_values(dataclass):
-    with_a_value = [
-        field.name
-        for field in dataclasses.fields(dataclass)
-        if field.default_factory is not dataclasses.MISSING
-        or (field.default is not dataclasses.MISSING and field.default != MISSING and not unselected_member(field))
-    ]
-    assert with_a_value == [], f"{dataclass.__name__}: set these in conf/, not in the schema"
 
 
 #: Each entry point's config, with the keys its command line must set.
@@ -81,7 +59,7 @@ def plain(value):
     return value.value if isinstance(value, Enum) else value
 
 
-CHOICES = [("config", f"{group}={option}") for group in ("data", "model", "strategy") for option in options_of(group)]
+CHOICES = [("config", f"{group}={option}") for group in ("data", "model") for option in options_of(group)]
 CHOICES += [(config_name, "") for config_name in REQUIRED]
 
 
@@ -92,6 +70,8 @@ def test_class_defaults_are_the_configs_values(config_name, choice):
         cfg = compose(config_name, overrides=[*overrides, *([choice] if choice else [])])
     checked, differ = 0, []
     for path, node in targets(cfg):
+        if path.split(".")[0] not in ("data", "model", "task"):
+            continue  # the engine's groups, whose values are the engine's configs'
         for name, parameter in inspect.signature(get_object(node._target_)).parameters.items():
             if parameter.default is inspect.Parameter.empty or name not in node:
                 continue

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the names and their modules, read by __getattr__ from this 
     from ddp_engine.run.host_memory import keep_freed_host_memory
     from ddp_engine.run.trainer import build_trainer
     from ddp_engine.task import Task, TaskCommand, register
+    from ddp_engine.testing import TaskGuarantees
 
 
 def _exports() -> dict[str, str]:

@@ -3,7 +3,7 @@ a release that renames it would leave it: each is hidden in turn through compat'
 (``compat._private``; the libraries themselves still use it, so the run is otherwise unchanged),
 the engine's path that uses it runs in a real in-process fit, and the log says once what is lost.
 
-The command-line training with every such name hidden at once is tests/run/test_train_cli.py's.
+The command-line training with every such name hidden at once is test_training_without_private_apis.py's.
 """
 
 import logging

@@ -1,7 +1,7 @@
 """The ExactResume callback (``ddp_engine.callbacks.exact_resume``) in one process: a resumed fit draws
 the random numbers the uninterrupted fit drew, a test of a checkpoint leaves the generator alone, and
 a resume whose one-cycle schedule would span other steps is refused naming both lengths. The same
-guarantees over real DDP processes and the command line: ``tests/run/test_resume.py``."""
+guarantees over real DDP processes and the command line: ``run/test_kill_and_resume.py``."""
 
 from pathlib import Path
 from typing import Any

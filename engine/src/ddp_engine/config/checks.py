@@ -441,12 +441,12 @@ def check_data(datamodule: L.LightningDataModule, training: bool) -> None:
     has no validation split).
 
     Raises:
-        UsageError: the data's own errors (raised by its DataModule), each one line.
+        UsageError: the data's own errors (raised by its DataModule), each one line; any other error
+            of its methods as one line naming the method (:func:`_call_data`).
     """
-    datamodule.prepare_data()
-    # ClassificationDataModule's optional check (a DataModule not built on it has none).
+    _call_data(datamodule, datamodule.prepare_data)
     if training and hasattr(datamodule, "check_splits"):
-        datamodule.check_splits()
+        _call_data(datamodule, datamodule.check_splits)
 
 
 def check_job(cfg: DictConfig, training: bool = True, submitted: bool = False) -> L.LightningDataModule:

@@ -107,7 +107,8 @@ def per_device_batch_size(
             then also names the world sizes that split the global batch, which a resume in place keeps.
 
     Raises:
-        BatchSizeError: (a ValueError) if any argument is below 1, or ``global_batch_size`` is not divisible by
+        BatchSizeError: (a ValueError) if any argument is not an integer or is below 1 (a data config
+            without a schema types none of its keys), or ``global_batch_size`` is not divisible by
             ``world_size * accumulate_grad_batches``; the message names the nearest valid sizes (and
             with ``resume`` the world sizes that split ``global_batch_size``).
     """
@@ -116,6 +117,8 @@ def per_device_batch_size(
         ("world_size", world_size),
         ("trainer.accumulate_grad_batches", accumulate_grad_batches),
     ]:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BatchSizeError(f"{name}={value} must be a whole number of samples (at least 1).")
         if value < 1:
             raise BatchSizeError(f"{name} must be at least 1, got {value}.")
     split = world_size * accumulate_grad_batches
