@@ -364,7 +364,7 @@ def plan(args: argparse.Namespace, gpus: int) -> list[Step]:
         steps.append(Step("sync_batchnorm", title, TIMEOUT_S["sync_batchnorm"], skip=(
             f"SyncBatchNorm could not be checked across processes: {gpus} GPU, so world size 1 (NCCL takes one "
             "process per GPU). That it composes with NCCL on one GPU is checked by the cuda_tests step "
-            "(tests/launch/test_ddp_failures.py::test_sync_batchnorm_and_nccl_on_a_gpu)")))  # fmt: skip
+            "(engine/tests/launch/test_ddp_failures.py::test_sync_batchnorm_and_nccl_on_a_gpu)")))  # fmt: skip
     else:
         short = argparse.Namespace(nproc=nproc, gpu=True, limit_train_batches=SYNC_BN_STEPS)
         sync_dir, control_dir = work / "sync_batchnorm-on", work / "sync_batchnorm-off"

@@ -10,6 +10,7 @@ import http.server
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +27,13 @@ from mnist_ddp.task import TASK
 REPO = Path(__file__).resolve().parents[1]
 #: The task's configs (conf/), as its commands read them.
 CONFIG_DIR = TASK.configs()
+
+
+def dependencies_pth() -> str:
+    """A ``.pth`` file's lines that give a new environment this one's packages as plain paths: every
+    site-packages folder on this interpreter's path (its own, and those its ``.pth`` files add, as a
+    test's nested environment has), but not the ``.pth`` files inside them (editable installs)."""
+    return "".join(f"{path}\n" for path in sys.path if Path(path).name == "site-packages")
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:

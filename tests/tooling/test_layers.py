@@ -47,11 +47,11 @@ def test_the_engine_imports_no_task_module():
 
 
 def test_an_engine_module_that_imports_the_task_breaks_the_contract(tmp_path):
-    line = "from mnist_ddp.model import MNISTClassifier"
+    line = "from mnist_ddp.task import TASK"
     result = lint_imports(planted(tmp_path, "launch/job.py", line))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "The engine imports no task module BROKEN" in result.stdout
-    assert "ddp_engine.launch.job -> mnist_ddp.model" in result.stdout, result.stdout
+    assert "ddp_engine.launch.job -> mnist_ddp.task" in result.stdout, result.stdout
 
 
 def test_the_engine_names_no_project():
@@ -79,7 +79,7 @@ def test_the_task_imports_the_engine_from_its_public_module_only():
 
 def test_a_task_import_of_an_engine_module_names_the_public_name_to_use(tmp_path):
     root = planted(tmp_path, "api.py", "")
-    module = root / "src" / "mnist_ddp" / "data.py"
+    module = root / "src" / "mnist_ddp" / "task.py"
     text = module.read_text()
     module.write_text(text + "from ddp_engine.data.sharded import ShardedDataModule, WithIndices\n")
     number = len(text.splitlines()) + 1
@@ -88,7 +88,7 @@ def test_a_task_import_of_an_engine_module_names_the_public_name_to_use(tmp_path
     assert "The task imports the engine from its public module only BROKEN" in result.stdout
     said = " ".join(result.stdout.split())  # as one line: the output wraps at the terminal's width
     assert (
-        f"mnist_ddp.data imports ddp_engine.data.sharded (line {number}): "
+        f"mnist_ddp.task imports ddp_engine.data.sharded (line {number}): "
         "from ddp_engine.data.sharded import ShardedDataModule, WithIndices "
         "instead: from ddp_engine.api import ShardedDataModule "
         "(ddp_engine.api has no WithIndices: the engine keeps it to itself)"

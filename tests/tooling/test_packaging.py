@@ -12,12 +12,15 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, cli_env
+from ddp_engine.config.compose import group_options
+from ddp_engine.config.schema import register_configs
+from helpers import CONFIG_DIR, REPO, cli_env, dependencies_pth
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
 
 pytestmark = pytest.mark.processes
 
@@ -42,11 +45,10 @@ def venv(tmp_path_factory) -> tuple[Path, Path]:
     python = root / "venv" / "bin" / "python"
     site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())  # fmt: skip
-    # A plain path: the packages (setuptools for the build too), not the .pth files inside that folder.
-    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    probe = (
-        "import importlib.util as u; print([(s := u.find_spec(p)) and s.origin for p in ('ddp_engine', 'mnist_ddp')])"
-    )
+    # Plain paths: the packages (setuptools for the build too), not the .pth files inside those folders.
+    (site / "dependencies.pth").write_text(dependencies_pth())
+    packages = "('ddp_engine', 'mnist_ddp')"
+    probe = f"import importlib.util as u; print([(s := u.find_spec(p)) and s.origin for p in {packages}])"
     found = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
     assert found == "[None, None]", f"this project's editable installs leak into the new environment: {found}"
     subprocess.run(
@@ -75,17 +77,27 @@ def test_the_wheel_carries_every_module_and_config(venv):
         )
     plugins = REPO / "engine" / "src" / "hydra_plugins"
     assert {p.name for p in (site / "hydra_plugins").glob("*.py")} == {p.name for p in plugins.glob("*.py")}
-    # The project's conf/ (its task's groups) and the engine's (trainer, strategy, logger, ...).
-    engine_conf = REPO / "engine" / "src" / "ddp_engine" / "conf"
+    # The project's conf/ (its task's groups), the engine's (trainer, strategy, logger, ...) and the
+    # image machinery's (data/folder.yaml, data/image.yaml).
+    engine = REPO / "engine" / "src" / "ddp_engine"
     for source, installed in (
         (REPO / "conf", site / "mnist_ddp" / "conf"),
-        (engine_conf, site / "ddp_engine" / "conf"),
+        (engine / "conf", site / "ddp_engine" / "conf"),
+        (engine / "vision" / "conf", site / "ddp_engine" / "vision" / "conf"),
     ):
         configs = sorted(p.relative_to(source) for p in source.rglob("*.yaml"))
-        assert len(configs) > 10 and sorted(p.relative_to(installed) for p in installed.rglob("*.yaml")) == configs
+        assert configs and sorted(p.relative_to(installed) for p in installed.rglob("*.yaml")) == configs
+    assert Path("config.yaml") in sorted(p.relative_to(REPO / "conf") for p in (REPO / "conf").glob("*.yaml"))
 
 
-def test_the_installed_console_scripts_compose_the_packaged_config_from_anywhere(venv, tmp_path):
+def composed(config_name: str) -> DictConfig:
+    """This tree's ``config_name`` as the task's commands compose it, without Hydra's node."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name, overrides=["paths.root_dir=."])
+
+
+def test_the_installed_console_scripts_compose_the_packaged_config_from_anywhere(venv, task_overrides, tmp_path):
     site = venv[1]
     # --info all: Hydra's search path and the composed config, without running the job.
     result = run_script(venv, "mnist-ddp-train", "--info", "all", cwd=tmp_path)
@@ -97,15 +109,17 @@ def test_the_installed_console_scripts_compose_the_packaged_config_from_anywhere
     assert engine_search_path and result.stdout.index("| main ") < engine_search_path.start(), result.stdout[:3000]
     assert str(REPO) not in result.stdout
     cfg = yaml.safe_load(result.stdout.split("\nConfig\n******\n")[1])
-    assert cfg["data"]["global_batch_size"] == 128 and cfg["data"]["subdir"] == "MNIST/raw"  # conf/data/
-    assert cfg["model"]["net"]["_target_"] == "mnist_ddp.networks.CNN"  # conf/model/cnn.yaml
-    assert cfg["trainer"]["max_epochs"] == 3 and cfg["logger"]["tensorboard"]["name"] is None  # the engine's
+    # The task's data and model (conf/data/, conf/model/) and the engine's groups, as this tree composes them.
+    here = composed("config")
+    for key in ("data._target_", "data.global_batch_size", "model._target_", "trainer.max_epochs", "task.objective"):
+        assert OmegaConf.select(OmegaConf.create(cfg), key) == OmegaConf.select(here, key), key
+    assert cfg["logger"]["tensorboard"]["name"] is None  # the engine's logger/tensorboard.yaml
 
     # The checks before Hydra (config/checks.py) compose the config too: a value only the composed
     # config refuses, and a group option listed from the packaged conf/data/.
     result = run_script(
-        venv, "mnist-ddp-train", "trainer.accelerator=cpu", "trainer.devices=2", "data.global_batch_size=127",
-        cwd=tmp_path,
+        venv, "mnist-ddp-train", *task_overrides, "trainer.accelerator=cpu", "trainer.devices=2",
+        "data.global_batch_size=127", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 1 and result.stderr.startswith(
         "Error: data.global_batch_size=127 does not split evenly over world_size=2 processes"
@@ -115,6 +129,8 @@ def test_the_installed_console_scripts_compose_the_packaged_config_from_anywhere
     listed = re.match(
         r"Error: data=nosuch: no such option \(available: ([\w, -]+); yours go in conf/data/\)\.$", result.stderr, re.M
     )
-    # The template's data sets among them (a project's own conf/data/*.yaml is listed too).
-    assert listed and {"fashion_mnist", "folder", "idx", "mnist"} <= set(listed[1].split(", ")), result.stderr[-3000:]
+    # The data sets of the packaged conf/data/ and of the image machinery, as in this tree.
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        options = group_options("data")
+    assert listed and set(listed[1].split(", ")) == set(options) and "folder" in options, result.stderr[-3000:]
     assert list(tmp_path.iterdir()) == [], "a refused command writes nothing"

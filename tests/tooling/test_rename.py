@@ -12,11 +12,11 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
+import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import REPO, cli_env, make_image_folder
+from helpers import REPO, cli_env, dependencies_pth, make_image_folder
 
 pytestmark = pytest.mark.processes
 
@@ -28,7 +28,7 @@ NEW_DIST, NEW_PACKAGE = "-".join(("acme", "vision")), "_".join(("acme", "vision"
 #: below); and, with the project's default data set changed to a folder of its own, the tests of the
 #: configs, their refusals and the IDX data, which choose the data set they read themselves (all in
 #: process: a test that starts processes is marked ``processes``).
-QUICK_TESTS = " ".join(f"tests/{path}.py" for path in ("config/test_defaults", "config/test_config", "data/test_data"))
+QUICK_TESTS = " ".join(f"tests/{path}.py" for path in ("mnist/test_defaults", "mnist/test_presets", "mnist/test_data"))
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -122,31 +122,177 @@ def test_no_trace_of_the_old_name_is_left(renamed):
         assert re.search(rf"^R\d+\tsrc/mnist_ddp/{module}\tsrc/{NEW_PACKAGE}/{module}$", status, re.MULTILINE), status
 
 
-def test_a_renamed_clone_merges_a_change_of_every_engine_file_without_a_conflict(tmp_path):
-    # The way docs/updating.md takes the template's fixes: the template as a git remote, merged. The
-    # clone is renamed and committed; then the template changes every file of engine/ (a line
-    # appended, as a fix would add one), and the clone merges it: no conflict, and each engine file
-    # of the clone is the template's, while the project's renamed package stays its own.
+#: A clone of a 15-character name (joined, as above), whose own task is a regression.
+CLONE_DIST = "-".join(("acme", "sensorproj"))
+CLONE_PACKAGE = CLONE_DIST.replace("-", "_")
+#: What the clone writes of its own, by path (``{package}``: its package): the regression as its task,
+#: a subpackage, a model option and a test.
+CLONE_FILES = {
+    "src/{package}/task.py": '''
+        """The regression on sensor windows as the engine runs it."""
+
+        from ddp_engine.api import Task
+
+        TASK = Task(
+            package=__package__,
+            data="sensors",
+            model="regressor",
+            objective="val/mse",
+            mode="min",
+            metrics=("val/mse", "test/mse", "val/mae", "test/mae"),
+        )
+        ''',
+    "src/{package}/features/__init__.py": '''
+        """Features of the windows."""
+
+        from ddp_engine.api import ConfigValueError
+
+
+        def channels(count: int) -> int:
+            """``count``, refused below 1."""
+            if count < 1:
+                raise ConfigValueError(f"channels={count} must be at least 1")
+            return count
+        ''',
+    "conf/model/regressor_wide.yaml": """
+        defaults:
+          - regressor
+          - _self_
+        net:
+          hidden: 32
+        """,
+    "tests/test_features.py": '''
+        """The clone's own test: its subpackage and its wide model option."""
+
+        import pytest
+        from ddp_engine.api import ConfigValueError
+        from hydra import compose, initialize_config_dir
+
+        from {package}.features import channels
+        from {package}.task import TASK
+
+
+        def test_channels_and_the_wide_model():
+            assert channels(3) == 3
+            with pytest.raises(ConfigValueError):
+                channels(0)
+            with initialize_config_dir(config_dir=str(TASK.configs()), version_base="1.3"):
+                cfg = compose("config", overrides=["model=regressor_wide", "data.path=x"])
+            assert cfg.model.net.hidden == 32
+        ''',
+}
+#: The clone's fixture that points its task's tests at its data, in place of the template's.
+TASK_OVERRIDES = """
+    def task_overrides(tmp_path_factory) -> list[str]:
+        from {package}.regression import make_sensor_windows
+
+        return [f"data.path={make_sensor_windows(tmp_path_factory.mktemp('windows') / 'windows.npz')}"]
+    """
+#: The template's MNIST task, which the clone replaces: its modules, configs, tests and benchmarks.
+MNIST_PATHS = (
+    "src/{package}/data.py", "src/{package}/model.py", "src/{package}/networks.py", "src/{package}/schema.py",
+    "src/{package}/download.py", "conf/data/idx.yaml", "conf/data/mnist.yaml", "conf/data/fashion_mnist.yaml",
+    "conf/model/cnn.yaml", "conf/model/mlp.yaml", "conf/model/resnet.yaml", "conf/experiment", "conf/hparams_search",
+    "tests/mnist", "benchmarks",
+)  # fmt: skip
+
+
+def make_it_a_regression(project: Path, package: str) -> None:
+    """Replace the clone's task by a regression (the engine's test task's module and YAMLs, copied),
+    its default: the changes docs/customizing.md lists for a task of one's own, plus a subpackage, a
+    model option and a test of its own."""
+    for name in MNIST_PATHS:
+        path = project / name.replace("{package}", package)
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    sensor = project / "engine" / "tests" / "sensor_task"
+    shutil.copy(sensor / "regression.py", project / "src" / package / "regression.py")
+    for name in ("data/sensors.yaml", "model/regressor.yaml"):
+        (project / "conf" / name).write_text(
+            (sensor / "conf" / name).read_text().replace("sensor_task.", f"{package}.")
+        )
+    for name, text in CLONE_FILES.items():
+        path = project / name.replace("{package}", package)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text.replace("{package}", package)).lstrip())
+    edits = {
+        # No MNIST presets; the regression's learning rate was tuned at its global batch, 48.
+        "conf/config.yaml": [("  - experiment: null\n", ""), ("  - hparams_search: null\n", ""),
+                             ("reference_batch_size: 128", "reference_batch_size: 48")],
+        # predict and export of images are gone with them: the engine's part alone.
+        "conf/predict.yaml": [(line, "") for line in ("input: ???\n", "resize: false\n")],
+        "conf/export.yaml": [(line, "") for line in ("format: onnx\n", "output: null\n")],
+        "pyproject.toml": [(f'{package.replace("_", "-")}-download = "{package}.download:main"\n', ""),
+                           (f'packages = ["{package}", ', f'packages = ["{package}", "{package}.features", ')],
+    }  # fmt: skip
+    # The task's guarantees (tests/test_task.py) run on its data: the fixture that points them there.
+    conftest = project / "tests" / "conftest.py"
+    text = conftest.read_text()
+    start, end = text.index("def task_overrides("), text.index("\n\n\n", text.index("def task_overrides("))
+    conftest.write_text(
+        text[:start] + textwrap.dedent(TASK_OVERRIDES.replace("{package}", package)).strip() + text[end:]
+    )
+    for name, replacements in edits.items():
+        path = project / name
+        text = path.read_text()
+        for old, new in replacements:
+            assert old in text, (name, old)
+            text = text.replace(old, new)
+        path.write_text(text)
+
+
+def test_a_clone_that_makes_its_own_task_merges_the_templates_engine_fix_and_passes_its_tests(tmp_path):
+    # The way docs/updating.md takes the template's fixes: the template as a git remote, merged.
+    # The clone is renamed, its task replaced by a regression made the default (with a subpackage,
+    # a model option and a test of its own), committed; then the template changes every file of
+    # engine/ and the shared files a fix of it may touch (the Makefile, .ci/run, the engine's lines of
+    # pyproject.toml), and the clone merges it: no conflict, every engine file the template's, and
+    # the clone's own tests pass: its task's guarantees on the regression, its test, its contracts.
     template = cloned(tmp_path / "template")
     git("clone", "--quiet", str(template), "project", cwd=tmp_path)
     project, user = tmp_path / "project", ("-c", "user.name=test", "-c", "user.email=test@localhost")
-    assert rename(project, NEW_DIST).returncode == 0
+    assert len(CLONE_DIST) == 15 and rename(project, CLONE_DIST).returncode == 0
     git("add", "--all", cwd=project)
     git(*user, "commit", "--quiet", "-m", "rename", cwd=project)
+    make_it_a_regression(project, CLONE_PACKAGE)
+    git("add", "--all", cwd=project)
+    # The commit hooks lay out what was written (the copied module's imports sort as the clone's).
+    subprocess.run([sys.executable, "-m", "pre_commit", "run", "--files", *project_files(project)], cwd=project,
+                   capture_output=True, timeout=600)  # fmt: skip
+    git("add", "--all", cwd=project)
+    git(*user, "commit", "--quiet", "-m", "a regression of our own", cwd=project)
+
     engine_files = [name for name in project_files(template) if name.startswith("engine/")]
-    assert len(engine_files) > 60
-    for name in engine_files:
+    assert len(engine_files) > 150
+    for name in [*engine_files, "Makefile", ".ci/run"]:
         path = template / name
-        path.write_text(
-            path.read_text() + ("# a later fix of the engine\n" if path.suffix in (".py", ".toml") else "\n")
-        )
-    git(*user, "commit", "--quiet", "-am", "a fix in every engine file", cwd=template)
+        # A comment line in each of them, laid out as the commit hooks want it.
+        path.write_text(path.read_text() + ("\n\n" if path.suffix == ".py" else "") + "# a later fix\n")
+    pyproject = template / "pyproject.toml"
+    fixed = pyproject.read_text().replace('"ddp-engine[vision]>=0.1",', '"ddp-engine[vision]>=0.1.1",')
+    fixed = fixed.replace('optuna = ["ddp-engine[optuna]"]', 'optuna = ["ddp-engine[optuna]>=0.1.1"]')
+    assert fixed != pyproject.read_text()
+    pyproject.write_text(fixed)
+    git(*user, "commit", "--quiet", "-am", "a fix of the engine", cwd=template)
     merge = subprocess.run(["git", *user, "pull", "--no-rebase", "--no-edit", "origin", "HEAD"],
                            cwd=project, capture_output=True, text=True)  # fmt: skip
     assert merge.returncode == 0, merge.stdout + merge.stderr
     assert git("diff", "--name-only", "--diff-filter=U", cwd=project) == ""
-    assert all((project / name).read_bytes() == (template / name).read_bytes() for name in engine_files)
-    assert (project / "src" / NEW_PACKAGE / "train.py").is_file() and not (project / "src" / "mnist_ddp").exists()
+    for name in [*engine_files, "Makefile", ".ci/run"]:
+        assert (project / name).read_bytes() == (template / name).read_bytes(), name
+    assert '"ddp-engine[vision]>=0.1.1",' in (project / "pyproject.toml").read_text()
+    assert f'name = "{CLONE_DIST}"' in (project / "pyproject.toml").read_text()
+
+    result = subprocess.run(
+        ["make", "test", "PYTEST_ARGS=-v -n 0 -p no:cacheprovider tests --deselect tests/tooling/test_rename.py"],
+        cwd=with_venv(project), env=clean_env(), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    summary = result.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, result.stdout[-3000:]
+    passed = re.findall(r"^tests/(\S+) PASSED", result.stdout, re.MULTILINE)
+    assert len([test for test in passed if test.startswith("test_task.py::TestTask::")]) == 4, passed
+    assert "test_features.py::test_channels_and_the_wide_model" in passed
+    assert "tooling/test_layers.py::test_the_task_imports_the_engine_from_its_public_module_only" in passed
 
 
 # Joined, as above. The long name sorts before the other first-party package (benchmarks), so its
@@ -171,23 +317,29 @@ def test_a_renamed_copy_passes_the_hygiene_checks_for_a_name_of_any_length(name,
     assert git("diff", "--stat", cwd=project) == "" and git("diff", "--cached", "--stat", cwd=project) == before
 
 
-@pytest.fixture(scope="module")
-def installed(renamed) -> Path:
-    """The renamed project with its .venv: this environment's packages, the renamed project and its
-    engine editable."""
-    venv = renamed / ".venv"
+def with_venv(project: Path) -> Path:
+    """``project`` with its .venv, as ``make`` would find it installed: this environment's packages,
+    and the project and its engine editable (pip, no download). Returns ``project``."""
+    venv = project / ".venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     python = venv / "bin" / "python"
     target = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    # A plain path: the packages, not the .pth files (editable installs) inside that folder.
-    Path(target, "template-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # Plain paths: the packages, not the .pth files (editable installs) inside those folders.
+    Path(target, "template-dependencies.pth").write_text(dependencies_pth())
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-         "--no-build-isolation", "--editable", str(renamed / "engine"), "--editable", str(renamed)],
+         "--no-build-isolation", "--editable", str(project / "engine"), "--editable", str(project)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     (venv / ".installed").touch()  # make's marker: the environment is up to date with pyproject.toml
+    return project
+
+
+@pytest.fixture(scope="module")
+def installed(renamed) -> Path:
+    """The renamed project with its .venv (:func:`with_venv`)."""
+    python = with_venv(renamed) / ".venv" / "bin" / "python"
     probe = (
         f"import importlib.util as u; "
         f"print(u.find_spec('mnist_ddp'), u.find_spec('{NEW_PACKAGE}').origin, u.find_spec('ddp_engine').origin)"

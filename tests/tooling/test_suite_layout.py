@@ -1,5 +1,6 @@
 """The test suite's own layout (docs/testing.md): every test file's name is unique across the
-folders (pytest imports them by basename: no ``__init__.py``), no module imports conftest or
+folders of tests/ and engine/tests/, which one pytest run collects (it imports them by basename: no
+``__init__.py``), no module imports conftest or
 another test module (shared helpers are in tests/helpers.py), and a test that starts real
 processes is marked ``processes`` (its module's ``pytestmark``, or the test itself), so that
 ``make test-fast`` (``-m "not processes"``) leaves it out.
@@ -23,12 +24,14 @@ PROCESS_NAMES = {"run_cli", "cli_command", "cli_env", "torchrun", "simulated_slu
 TOOL_RUNNERS = {
     "test_hygiene.py": "pre-commit's hooks",
     "test_layers.py": "import-linter",
+    "test_engine_layers.py": "import-linter",
     "test_gpu_check.py": "stand-in commands (python -c) for the GPU check's executor",
 }
 
 
-def modules(root: Path) -> list[Path]:
-    return sorted(root.rglob("*.py"))
+def modules(*roots: Path) -> list[tuple[Path, Path]]:
+    """``(root, module)`` of every Python file under ``roots``."""
+    return [(root, path) for root in roots for path in sorted(root.rglob("*.py"))]
 
 
 def marked_processes(node: ast.AST) -> bool:
@@ -41,12 +44,12 @@ def uses(function: ast.FunctionDef) -> set[str]:
     return (names | {a.arg for a in function.args.args}) & PROCESS_NAMES
 
 
-def layout_problems(root: Path) -> list[str]:
-    """Every break of the rules above in the test tree ``root``, one line each."""
+def layout_problems(*roots: Path) -> list[str]:
+    """Every break of the rules above in the test trees ``roots`` (collected together), one line each."""
     problems = []
     by_name = defaultdict(list)
-    for path in modules(root):
-        name = path.relative_to(root)
+    for root, path in modules(*roots):
+        name = path.relative_to(root.parent) if len(roots) > 1 else path.relative_to(root)
         if path.name.startswith("test_"):
             by_name[path.name].append(str(name))
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -85,7 +88,7 @@ def layout_problems(root: Path) -> list[str]:
 
 
 def test_the_suite_keeps_its_layout():
-    assert layout_problems(REPO / "tests") == []
+    assert layout_problems(REPO / "tests", REPO / "engine" / "tests") == []
 
 
 def test_the_layout_check_finds_each_kind_of_break(tmp_path):

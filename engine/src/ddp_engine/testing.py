@@ -82,7 +82,8 @@ class TaskGuarantees:
     overrides: Sequence[str] = ()
 
     @pytest.fixture(scope="class")
-    def suite_overrides(self, request) -> list[str]:
+    @classmethod
+    def suite_overrides(cls, request) -> list[str]:
         """The overrides that point the task's commands at its test data: the value of the task's own
         fixture ``task_overrides`` (its ``conftest.py``; session- or class-scoped), else none."""
         try:
@@ -90,26 +91,29 @@ class TaskGuarantees:
         except pytest.FixtureLookupError:
             return []
 
-    def command(self, name: str, *overrides: str, log_dir: Path) -> subprocess.CompletedProcess:
+    @classmethod
+    def command(cls, name: str, *overrides: str, log_dir: Path) -> subprocess.CompletedProcess:
         """``python -m <package>.<name>`` with ``overrides``, its runs under ``log_dir``, to its end;
         the task's package found where this process finds it (a test task's folder on PYTHONPATH)."""
-        command = [sys.executable, "-m", f"{self.task.package}.{name}", f"paths.log_dir={log_dir}", *overrides]
-        home = Path(importlib.util.find_spec(self.task.package).origin).parent.parent
+        command = [sys.executable, "-m", f"{cls.task.package}.{name}", f"paths.log_dir={log_dir}", *overrides]
+        home = Path(importlib.util.find_spec(cls.task.package).origin).parent.parent
         path = os.pathsep.join(filter(None, [str(home), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path}
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT)
 
-    def train(self, overrides: Sequence[str], log_dir: Path) -> Path:
+    @classmethod
+    def train(cls, overrides: Sequence[str], log_dir: Path) -> Path:
         """A training of :data:`TRAINING` with ``overrides``, ended by itself; its run directory."""
-        result = self.command("train", *overrides, *self.overrides, *TRAINING, log_dir=log_dir)
+        result = cls.command("train", *overrides, *cls.overrides, *TRAINING, log_dir=log_dir)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         (run,) = (log_dir / "runs").iterdir()
         return run
 
     @pytest.fixture(scope="class")
-    def trained(self, suite_overrides, tmp_path_factory) -> Path:
+    @classmethod
+    def trained(cls, suite_overrides, tmp_path_factory) -> Path:
         """The uninterrupted 2-process training's run directory."""
-        return self.train(suite_overrides, tmp_path_factory.mktemp("trained"))
+        return cls.train(suite_overrides, tmp_path_factory.mktemp("trained"))
 
     def test_its_datamodule_shards_evaluates_and_resumes_exactly_on_2_and_3_processes(self, suite_overrides):
         register(self.task)

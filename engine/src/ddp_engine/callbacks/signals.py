@@ -115,7 +115,7 @@ class StopOnSignal(L.Callback):
         # which only its own SIGTERM handler sets. This callback replaces that handler (above), so
         # the flag is never set, and every process gets the signal itself (from the supervisor,
         # torchrun or SLURM): the broadcast carries nothing, and costs a tenth of a small model's
-        # training step on gloo (benchmarks/per_step.py). tests/launch/test_interrupts.py and
+        # training step on gloo (benchmarks/per_step.py). engine/tests/launch/test_interrupts.py and
         # test_chaos.py stop runs by signal without it.
         skip_sigterm_broadcast(trainer)
         if getattr(trainer, "received_sigterm", False):  # Lightning's handler got one before install()

@@ -10,7 +10,7 @@ A task adds the schemas of its own configs (its data sets', its commands'):
 :attr:`ddp_engine.task.Task.schemas`.
 
 Every field is ``MISSING`` here: the values are in ``conf/``, one place per default (a test,
-``tests/config/test_defaults.py``, keeps it so and compares the YAML with the signatures of the
+``engine/tests/config/test_engine_defaults.py``, keeps it so and compares the YAML with the signatures of the
 template's own classes).
 """
 

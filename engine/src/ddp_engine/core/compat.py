@@ -2,11 +2,11 @@
 relies on: the one module that touches them. Each is read through :func:`_private` (ruff's SLF001
 refuses ``owner._name`` everywhere else, and here too), and each degrades: where a release has
 removed or changed it, the run goes on and says once, per process, what it lost (:func:`_lost`).
-``tests/core/test_compat.py`` checks that each still behaves as relied on and that no other module
+``engine/tests/core/test_compat.py`` checks that each still behaves as relied on and that no other module
 uses a private attribute of a library or imports or names (a class path in a string) a private
 module of one; the fallback tests hide each name from :func:`_private` and run the path that uses
-it (``engine/tests/core/test_compat_fallbacks.py``, ``tests/core/test_compat_fallbacks_launch.py``),
-and a default training runs with all of them hidden (``tests/run/test_train_cli.py``).
+it (``engine/tests/core/test_compat_fallbacks.py``, ``engine/tests/core/test_compat_fallbacks_launch.py``),
+and a default training runs with all of them hidden (``engine/tests/core/test_training_without_private_apis.py``).
 
 Known to work with torch 2.14.1, lightning 2.6.6, omegaconf 2.3.1, tensorboard 2.21.0,
 hydra-optuna-sweeper 1.3.0 and submitit 1.5.4 (``constraints.txt``). Each private API, the

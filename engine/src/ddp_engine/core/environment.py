@@ -31,7 +31,7 @@ def launched_externally() -> bool:
     ``is_torchelastic_launched``: ``TORCHELASTIC_RUN_ID``; Lightning's ``_is_srun_used``:
     ``SLURM_NTASKS`` unless ``SLURM_JOB_NAME`` is ``bash`` or ``interactive``), without importing
     Lightning (2.6 s to import): the command asks while it checks the command line, before it
-    needs Lightning. ``tests/core/test_environment.py`` checks that the two agree.
+    needs Lightning. ``engine/tests/core/test_environment.py`` checks that the two agree.
     """
     torchelastic = "TORCHELASTIC_RUN_ID" in os.environ
     srun = "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")

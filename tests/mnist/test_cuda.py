@@ -3,7 +3,7 @@ data set on the GPU and trains in bf16 mixed precision there.
 
 Skipped without CUDA (this project's CI machines have none) and marked ``cuda``: `make gpu-check`
 (benchmarks/gpu_check.py) runs these with every other CUDA test on a machine with GPUs. NCCL and
-SyncBatchNorm need several processes: tests/launch/test_ddp_failures.py::test_sync_batchnorm_and_nccl_on_a_gpu
+SyncBatchNorm need several processes: engine/tests/launch/test_ddp_failures.py::test_sync_batchnorm_and_nccl_on_a_gpu
 and the GPU check's own steps run them.
 """
 
