@@ -46,7 +46,7 @@ from benchmarks.run import REPO, checked_data_dir, harness_env, publish, refuse_
 
 PER_STEP_START, PER_STEP_END = "<!-- per-step results: start -->", "<!-- per-step results: end -->"
 GLOBAL_BATCH = 64
-#: The template's per-step target: at most this times plain Lightning's (issue 18).
+#: The template's per-step target: at most this times plain Lightning's.
 TARGET_VS_LIGHTNING = 1.05
 #: The template's overrides for each model, as a user would give them.
 TEMPLATE_MODEL = {"tiny": ["model=mlp", "model.net.hidden=[]", "model.net.dropout=0"], "cnn": ["experiment=fast"]}

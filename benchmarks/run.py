@@ -43,7 +43,7 @@ from ddp_engine.core.errors import UsageError
 from ddp_engine.vision.idx import ensure_mnist_files
 
 REPO = Path(__file__).resolve().parents[1]
-#: Test accuracy the fast recipe must reach after its one epoch (issue 7's target).
+#: Test accuracy the fast recipe must reach after its one epoch.
 TARGET_ACC = 0.99
 RESULTS_START, RESULTS_END = "<!-- benchmark results: start -->", "<!-- benchmark results: end -->"
 
@@ -171,7 +171,7 @@ REFUSALS = {
     ),
 }
 
-#: The longest each kind of refusal may take, in seconds (issue 30's targets).
+#: The longest each kind of refusal may take, in seconds.
 REFUSAL_TARGETS_S = {"value": 3.0, "input": 3.0, "key": 1.0}
 
 

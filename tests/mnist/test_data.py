@@ -48,7 +48,7 @@ def test_setup_loads_uint8_images_that_batches_normalize_and_int_labels(syntheti
     assert batch.dtype == torch.float32 and torch.equal(batch_labels, labels)
     assert batch.max().item() == pytest.approx((1 - MNIST_MEAN) / MNIST_STD)
     assert batch.min().item() == pytest.approx(-MNIST_MEAN / MNIST_STD)
-    assert torch.equal(batch, (images.float() / 255 - MNIST_MEAN) / MNIST_STD), "the formula of earlier versions"
+    assert torch.equal(batch, (images.float() / 255 - MNIST_MEAN) / MNIST_STD), "(pixel / 255 - mean) / std"
 
     # Train and val together are exactly the training file, each image with its own label.
     def pairs(pixels, labels):

@@ -1,4 +1,4 @@
-"""The memory figures (issue 29, point 3) of a known model equal its tensor sizes exactly: a Linear
+"""The memory figures of a known model equal its tensor sizes exactly: a Linear
 layer of IN x OUT float32 weights and OUT biases, trained with SGD with momentum (one momentum
 buffer per parameter) in a real 1-process gloo DDP group, in a real ``Trainer.fit`` with the
 template's strategy and memory callback; the GPU arithmetic on a simulated GPU (no GPU here)."""

@@ -1,4 +1,4 @@
-"""What the template does at every optimizer step is kept cheap (issue 18, docs/performance.md):
+"""What the engine does at every optimizer step is kept cheap:
 the progress bar's work only when it redraws, the last-checkpoint callback's key formatted once,
 the CUDA check of torch's optimizers answered by the runtime instead of NVML."""
 

@@ -46,7 +46,7 @@ def test_the_logger_group_composes_several_trackers_each_under_its_own_key(tmp_p
     assert [key for key, node in cfg.items() if node] == ["csv", "mlflow", "wandb"]
     assert cfg.mlflow.tracking_uri == f"sqlite:///{tmp_path}/mlflow.db" and cfg.wandb.offline is True
     assert not any(logger_config(tmp_path, "logger=[]").values()), "logger=[]: no logger"
-    # Found by a new user's tries: each refusal names the keys or options there are.
+    # Each refusal names the keys or options there are.
     refusals = {
         ("logger=mlflow", "logger.mlflow.trackinguri=x"): "Unknown key logger.mlflow.trackinguri (keys of "
         "logger.mlflow: _target_, artifact_location, experiment_name, log_model, run_name, tags, tracking_uri). "

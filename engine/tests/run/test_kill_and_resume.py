@@ -155,7 +155,8 @@ def test_a_checkpoint_without_a_data_position_resumes_at_the_next_epoch(runs, tm
     torch.save(state, old)
     resumed, result = runs("resumed_old", "trainer.devices=2", f"ckpt_path={old}")
     assert (
-        "The checkpoint holds no position inside an epoch (saved at the end of epoch 0 by an earlier version): "
+        "The checkpoint holds no position inside an epoch (saved at the end of epoch 0, or without a DataModule's "
+        "position): "
         "training resumes at the start of the next epoch." in result.stdout
     )
     assert sorted(path.name for path in (resumed / "samples").glob("rank*")) == [

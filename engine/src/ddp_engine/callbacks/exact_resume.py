@@ -52,8 +52,8 @@ class ExactResume(L.Callback):
         self.saved_schedule_steps = saved[0] if saved else None
         if saved_loader_states(checkpoint) is None:
             rank_zero_info(
-                f"The checkpoint holds no position inside an epoch (saved at the end of epoch {checkpoint['epoch']} "
-                "by an earlier version): training resumes at the start of the next epoch."
+                f"The checkpoint holds no position inside an epoch (saved at the end of epoch {checkpoint['epoch']}, "
+                "or without a DataModule's position): training resumes at the start of the next epoch."
             )
         rng = checkpoint.get(RNG_STATE_KEY, {})
         if "torch" in rng:

@@ -123,7 +123,7 @@ class ClassificationDataModule(ShardedDataModule):
     @override
     def model_arguments_of(self, checkpoint: Path) -> dict[str, Any] | None:
         """Those of the spec ``checkpoint`` keeps (:func:`~ddp_engine.vision.spec.read_data_spec`); None
-        when it keeps none (an earlier version's) or cannot be read (its own check says why)."""
+        when it keeps none (its module stores no spec) or cannot be read (its own check says why)."""
         try:
             spec = read_data_spec(checkpoint)
         except Exception:  # noqa: BLE001 - any unreadable file: the checkpoint's own check says why, in one line

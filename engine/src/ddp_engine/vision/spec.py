@@ -149,16 +149,16 @@ def per_channel(values: float | Sequence[float], channels: int) -> tuple[float, 
 
 def read_data_spec(checkpoint: Path) -> DataSpec | None:
     """The data spec a checkpoint keeps (:data:`CHECKPOINT_KEY`, written by the classifier), or None
-    for a checkpoint of an earlier version of the template, which kept none (its data set was
-    MNIST-shaped: its run's config describes it). Loaded with ``weights_only=True``."""
+    for a checkpoint that keeps none (a module that stores no spec: its run's config describes its
+    data). Loaded with ``weights_only=True``."""
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True).get(CHECKPOINT_KEY)
     return DataSpec.from_dict(saved) if saved is not None else None
 
 
 def checkpoint_data_spec(checkpoint: Path, data: Any) -> DataSpec:
-    """The data set ``checkpoint`` was trained for: the spec it keeps, or, for a checkpoint of an
-    earlier version, which kept none, the spec of ``data`` (the ``data`` config node of its run),
-    whose DataModule is built but whose files are not read for it."""
+    """The data set ``checkpoint`` was trained for: the spec it keeps, or, for a checkpoint that keeps
+    none, the spec of ``data`` (the ``data`` config node of its run), whose DataModule is built but
+    whose files are not read for it."""
     from hydra.utils import instantiate
 
     return read_data_spec(checkpoint) or instantiate(data).spec

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Check the relative links of the README and the pages in docs/: ``python3 tools/check_links.py``.
+"""Check the relative links of Markdown pages: ``python3 engine/tools/check_links.py [PATH ...]``, each
+PATH a page or a folder of pages (default: the engine's README.md and docs/).
 
 Every ``[text](target)`` and ``![alt](target)`` outside code blocks whose target is not a URL must
 name a file that exists, and its ``#anchor``, if any, a heading of that Markdown file (GitHub's
@@ -12,7 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+#: ``engine/``, whose pages are checked by default.
+ENGINE = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -58,16 +60,17 @@ def broken_links(page: Path) -> list[str]:
                 continue
             file_part, _, anchor = target.partition("#")
             linked = (page.parent / file_part).resolve() if file_part else page
-            where = f"{page.relative_to(ROOT)}:{number}: {target}"
+            where = f"{page}:{number}: {target}"
             if not linked.exists():
                 problems.append(f"{where} (no such file)")
             elif anchor and linked.suffix == ".md" and anchor not in slugs(linked):
-                problems.append(f"{where} (no such heading in {linked.relative_to(ROOT)})")
+                problems.append(f"{where} (no such heading in {linked})")
     return problems
 
 
 def main() -> int:
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    paths = [Path(arg) for arg in sys.argv[1:]] or [ENGINE / "README.md", ENGINE / "docs"]
+    pages = sorted(page for path in paths for page in (sorted(path.glob("*.md")) if path.is_dir() else [path]))
     problems = [problem for page in pages for problem in broken_links(page)]
     print("\n".join(problems) if problems else f"{len(pages)} pages, every relative link resolves")
     return 1 if problems else 0
