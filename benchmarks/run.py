@@ -62,7 +62,7 @@ def reference_command(run_dir: Path, data_dir: Path, seed: int, options: argpars
 
 def template_args(run_dir: Path, data_dir: Path, seed: int, options: argparse.Namespace) -> list[str]:
     """The fast recipe's command-line overrides, plus the LoopTimer probe (benchmarks/probe.py).
-    With ``options.gpu``: ``experiment=fast_gpu`` with the NCCL preset, as the README runs on GPUs."""
+    With ``options.gpu``: ``experiment=fast_gpu`` with the NCCL preset, the template's GPU recipe."""
     recipe = ["experiment=fast_gpu", "strategy=ddp_nccl"] if options.gpu else ["experiment=fast"]
     args = [*recipe, f"trainer.devices={options.nproc}"]
     args += [f"seed={seed}", "data=mnist", f"data.data_dir={data_dir}", f"hydra.run.dir={run_dir}"]

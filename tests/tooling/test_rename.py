@@ -125,6 +125,9 @@ def test_no_trace_of_the_old_name_is_left(renamed):
 #: A clone of a 15-character name (joined, as above), whose own task is a regression.
 CLONE_DIST = "-".join(("acme", "sensorproj"))
 CLONE_PACKAGE = CLONE_DIST.replace("-", "_")
+#: A later fix of a file of the template, appended by its kind, as the commit hooks want it laid out (a
+#: comment line where nothing else is said below).
+LATER_FIX = {".py": b"\n\n# a later fix\n", ".md": b"\nA later fix.\n", ".png": b"a later fix"}
 #: What the clone writes of its own, by path (``{package}``: its package): the regression as its task,
 #: a subpackage, a model option and a test.
 CLONE_FILES = {
@@ -265,8 +268,7 @@ def test_a_clone_that_makes_its_own_task_merges_the_templates_engine_fix_and_pas
     assert len(engine_files) > 150
     for name in [*engine_files, "Makefile", ".ci/run"]:
         path = template / name
-        # A comment line in each of them, laid out as the commit hooks want it.
-        path.write_text(path.read_text() + ("\n\n" if path.suffix == ".py" else "") + "# a later fix\n")
+        path.write_bytes(path.read_bytes() + LATER_FIX.get(path.suffix, b"# a later fix\n"))
     pyproject = template / "pyproject.toml"
     fixed = pyproject.read_text().replace('"ddp-engine[vision]>=0.1",', '"ddp-engine[vision]>=0.1.1",')
     fixed = fixed.replace('optuna = ["ddp-engine[optuna]"]', 'optuna = ["ddp-engine[optuna]>=0.1.1"]')

@@ -25,6 +25,8 @@ TOOL_RUNNERS = {
     "test_hygiene.py": "pre-commit's hooks",
     "test_layers.py": "import-linter",
     "test_engine_layers.py": "import-linter",
+    "test_docs.py": "the link check (engine/tools/check_links.py)",
+    "test_engine_docs.py": "the link check (engine/tools/check_links.py)",
     "test_gpu_check.py": "stand-in commands (python -c) for the GPU check's executor",
 }
 

@@ -248,7 +248,7 @@ def test_open_nodes_and_trainer_arguments_outside_the_schema_are_accepted(tmp_pa
 
 class EveryNthWindow(SensorDataModule):
     """A DataModule of one's own: the regression's windows, every ``every``-th of them. The
-    engine's arguments (``global_batch_size``, ...) come through ``**kwargs``, as docs/customizing.md
+    engine's arguments (``global_batch_size``, ...) come through ``**kwargs``, as engine/docs/tasks.md
     writes a DataModule of one's own."""
 
     def __init__(self, every: int = 1, **kwargs) -> None:
@@ -267,7 +267,7 @@ class ShapeFromFile(SensorDataModule):
 
 
 def test_a_datamodule_of_ones_own_gets_its_keys_checked_against_its_signature(tmp_path):
-    # Its YAML, as docs/customizing.md writes one, in a config folder Hydra also searches.
+    # Its YAML, as engine/docs/tasks.md writes one, in a config folder Hydra also searches.
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "mine.yaml").write_text(
         f"defaults:\n  - sharded\n  - _self_\n_target_: {__name__}.EveryNthWindow\npath: /data/windows.npz\nevery: 3\n"

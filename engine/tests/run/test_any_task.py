@@ -155,7 +155,7 @@ def test_predict_and_export_refuse_a_task_that_has_none_in_one_line(trained, win
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"Error: {command}: the task sensor_task has no {command}: declare one in its Task (sensor_task.task.TASK: "
-        f"{command}=TaskCommand(...); docs/customizing.md#a-task-of-your-own)."
+        f"{command}=TaskCommand(...); engine/docs/tasks.md)."
     ]
     assert list(tmp_path.iterdir()) == [], "no run directory"
     assert sorted(path.name for path in (run / "checkpoints").iterdir()) == before, "no export beside the checkpoint"

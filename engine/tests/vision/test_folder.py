@@ -462,12 +462,12 @@ def root_is_a_file(root):
 
 def no_train(root):
     tiny(root, {"test": {"a": 1}})
-    return {}, DataFormatError, f"data.root={root} has no train/ folder: {LAYOUT_FIX} (docs/customizing.md)."
+    return {}, DataFormatError, f"data.root={root} has no train/ folder: {LAYOUT_FIX} (engine/docs/vision.md)."
 
 
 def no_test(root):
     tiny(root, {"train": {"a": 2}, "val": {"a": 1}})
-    return {}, DataFormatError, f"data.root={root} has no test/ folder: {LAYOUT_FIX} (docs/customizing.md)."
+    return {}, DataFormatError, f"data.root={root} has no test/ folder: {LAYOUT_FIX} (engine/docs/vision.md)."
 
 
 def no_class_folder(root):

@@ -73,8 +73,8 @@ class StopOnSignal(L.Callback):
     runs a broadcast over the process group inside the signal handler; when the signal lands
     while another rank is inside an AllReduce, the two collectives do not match and every process
     waits in them until the process group's timeout (``strategy.timeout``, 30 minutes); SIGTERMs
-    sent at random times to a 2-process gloo run hung it that way (docs/failures.md says how
-    often). So here both signals raise KeyboardInterrupt.
+    sent at random times to a 2-process gloo run hung it that way. So here both signals raise
+    KeyboardInterrupt.
 
     The handlers are installed when each Trainer stage starts (after Lightning registers its own,
     which it restores when the stage ends), and around the whole job by :func:`stop_on_signals`,

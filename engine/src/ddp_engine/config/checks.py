@@ -354,7 +354,7 @@ def check_sweep_dir(sweep_dir: Path, overrides: Sequence[str], resume: bool, swe
         raise ConfigValueError(
             "ckpt_path=last: a sweep is continued without it. Run the same sweep command again with "
             "hydra.sweep.dir=<its directory>: completed jobs are kept, interrupted ones resume from their own "
-            "last.ckpt, the others run (docs/usage.md#continue-an-interrupted-sweep)."
+            "last.ckpt, the others run (engine/docs/usage.md#continue-an-interrupted-sweep)."
         )
     if launcher_restarts() > 0 or launcher_rank() > 0 or not sweep_dir.is_dir():
         return
@@ -470,7 +470,7 @@ def check_job(cfg: DictConfig, training: bool = True, submitted: bool = False) -
     if cfg.trainer.num_nodes > 1 and not launched_externally() and not submitted:
         raise ConfigValueError(
             f"trainer.num_nodes={cfg.trainer.num_nodes}: a run on several machines needs a launcher on each, "
-            "torchrun or SLURM (README: Scaling out). On one machine, leave trainer.num_nodes=1."
+            "torchrun or SLURM (engine/docs/scaling-out.md). On one machine, leave trainer.num_nodes=1."
         )
     if submitted:
         if not isinstance(cfg.trainer.devices, int) or cfg.trainer.devices < 1:

@@ -231,14 +231,14 @@ def check_data_target(cfg: DictConfig) -> None:
         option = OmegaConf.select(cfg, "hydra.runtime.choices.data", default=None)
         raise UsageError(
             f"data={option} builds no DataModule (it names no _target_): it holds keys that data sets share. "
-            "Choose a data set: an option of conf/data/ that names its DataModule (docs/customizing.md)."
+            "Choose a data set: an option of conf/data/ that names its DataModule (engine/docs/tasks.md)."
         )
     expected = getattr(OmegaConf.get_type(data), "builds", None) if isinstance(data, DictConfig) else None
     if expected is not None and data.get("_target_") != expected:
         raise UsageError(
             f"data._target_={data._target_}: the keys of this data option are {expected}'s. A DataModule of your "
             f"own gets a YAML of its own, conf/data/<name>.yaml (its _target_: {data._target_}, and its "
-            "arguments), used with data=<name> (docs/customizing.md#a-datamodule-of-your-own)."
+            "arguments), used with data=<name> (engine/docs/tasks.md)."
         )
 
 

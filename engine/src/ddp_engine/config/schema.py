@@ -103,7 +103,7 @@ class TrainerConfig:
 class StrategyConfig:
     """``strategy`` group: arguments of :class:`ddp_engine.distributed.strategy.CommHookDDPStrategy`.
 
-    Values come from ``ddp_engine/conf/strategy/*.yaml``; docs/distributed.md's table gives each one's meaning.
+    Values come from ``ddp_engine/conf/strategy/*.yaml``; engine/docs/distributed.md's table gives each one's meaning.
     ``process_group_backend`` ``None`` lets Lightning choose: NCCL on CUDA devices, gloo on CPU.
     ``timeout`` is a ``datetime.timedelta`` node (``_target_``), so Hydra builds it; so is
     ``checkpoint_io`` (a Lightning ``CheckpointIO``; None: Lightning's own).

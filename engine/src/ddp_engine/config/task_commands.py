@@ -27,7 +27,7 @@ def check_task_has(config_name: str, cfg: DictConfig | None = None) -> None:
         package = current().package
         raise ConfigValueError(
             f"{config_name}: the task {package} has no {config_name}: declare one in its Task ({package}.task.TASK: "
-            f"{config_name}=TaskCommand(...); docs/customizing.md#a-task-of-your-own)."
+            f"{config_name}=TaskCommand(...); engine/docs/tasks.md)."
         )
 
 

@@ -10,7 +10,7 @@ then exec: nothing of this process's state survives) the first time a loader wit
 built, that imports the modules the workers need once and runs one thread only, so a worker forked
 from it inherits no lock held.
 
-What it costs, against forking this process (docs/performance.md has the figures):
+What it costs, against forking this process (measured by the template's benchmarks):
 
 - the forkserver's imports (torch, Lightning and the data's modules), once per process, before
   the first worker can start; each worker after that is a fork of it, which has the modules;

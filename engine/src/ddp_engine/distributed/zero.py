@@ -8,7 +8,7 @@ values to the others. torch's ``ZeroRedundancyOptimizer`` does it: it assigns wh
 tensors to ranks, largest first, each to the rank with the fewest elements so far, so a rank's
 share is about ``1 / world_size`` of the state only when no single tensor dominates (the CNN's
 first fully connected layer holds 71% of its parameters, so one rank keeps 71% of the state on
-any world size: docs/distributed.md has the figures).
+any world size: engine/docs/distributed.md has the figures).
 
 Gradients are still AllReduced whole on every rank (ZeRO-1 shards the state only), and the step
 is the same arithmetic per parameter, so a sharded run trains to the parameters of a plain one.

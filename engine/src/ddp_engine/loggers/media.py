@@ -37,8 +37,8 @@ def media_loggers(trainer: L.Trainer) -> list:
         if not isinstance(logger, MEDIA_LOGGERS) and id(logger) not in _skipped_notice_given:
             _skipped_notice_given.add(id(logger))
             rank_zero_info(
-                f"{type(logger).__name__} has no API for figures or text: the input batch, confusion matrix and "
-                "misclassified images go to the other loggers only (logger=tensorboard, mlflow or wandb shows them)."
+                f"{type(logger).__name__} has no API for figures or text: the task's figures go to the other "
+                "loggers only (logger=tensorboard, mlflow or wandb shows them)."
             )
     return [logger for logger in trainer.loggers if isinstance(logger, MEDIA_LOGGERS)]
 

@@ -44,7 +44,7 @@ def build_model(model: DictConfig, data: Any) -> L.LightningModule:
         path, target = (f"model.{node}", model[node]._target_) if node else ("model", model._target_)
         raise ConfigValueError(
             f"{path}: {target} does not take {taken[1]}. It is built for the data with {', '.join(given)} as "
-            f"arguments ({_named(data)}; docs/customizing.md#a-network-of-your-own)."
+            f"arguments ({_named(data)}; engine/docs/tasks.md)."
         ) from None
 
 

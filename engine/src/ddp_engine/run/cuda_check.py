@@ -6,8 +6,8 @@ Importing Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` in the process's en
 (pytorch/pytorch#83973). torch answers such a check through NVML and caches the answer only once
 CUDA is initialized, which on a machine without a GPU never happens: every check then loads
 ``libnvidia-ml`` again and fails. torch's optimizers check at every ``step()`` (the CUDA-graph
-capture check), so on CPU every optimizer step pays for that failed load (the cost:
-docs/performance.md). A worker forks no CUDA process (its DataLoader workers use no CUDA), so it
+capture check), so on CPU every optimizer step pays for that failed load (the template's
+benchmarks measure the cost). A worker forks no CUDA process (its DataLoader workers use no CUDA), so it
 asks the runtime, whose answer torch caches.
 """
 

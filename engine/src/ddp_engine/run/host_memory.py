@@ -8,7 +8,7 @@ both thresholds as a process frees large blocks. So what a process happened to f
 on CPU, come from memory it keeps or from new pages. A DDP process that faults its activations
 in afresh every step spends that time in the kernel, and its replicas, waiting for it in every
 AllReduce, slow down with it. Fixing both thresholds as below keeps the freed memory for the next
-step (the page faults with and without: docs/performance.md).
+step (the page faults with and without: the template's benchmarks measure them).
 """
 
 import ctypes

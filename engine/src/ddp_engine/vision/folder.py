@@ -258,7 +258,7 @@ class ImageFolderDataModule(ClassificationDataModule):
                     raise DataFormatError(
                         f"data.root={self.root} has no {required}/ folder: a folder data set holds "
                         "train/<class>/*.png, test/<class>/*.png and optionally val/<class>/*.png "
-                        "(docs/customizing.md)."
+                        "(engine/docs/vision.md)."
                     )
             class_names = list_classes(self.root / "train")
             self._splits = {

@@ -21,7 +21,7 @@ class MLP(nn.Module):
     ``h``: linear ``(N, h)`` -> ReLU -> dropout -> linear -> logits ``(N, num_classes)``.
 
     Args:
-        in_channels, image_size, num_classes: the data's (see :class:`CNN`).
+        in_channels, image_size, num_classes: the data's (the module's docstring).
         hidden: widths of the hidden layers (default ``(256, 128)``).
         dropout: dropout probability after each hidden layer (default 0.2).
     """
@@ -83,7 +83,7 @@ class ResNet(nn.Module):
     Global pooling makes it take any image size of at least 4x4.
 
     Args:
-        in_channels, image_size, num_classes: the data's (see :class:`CNN`); ``image_size`` is
+        in_channels, image_size, num_classes: the data's (the module's docstring); ``image_size`` is
             not needed by the layers and only checked.
         widths: channels ``(w1, w2, w3)`` of the three stages (default ``(16, 32, 64)``, the paper's).
         blocks: residual blocks per stage (default ``(1, 1, 1)``).
