@@ -261,6 +261,7 @@ def test_every_rank_logs_where_its_step_goes_and_the_parts_add_up_to_the_step(ru
     scalars = read_scalars(run(name) / "tensorboard", steps=True)
     windows = [9, 19, 29, 39]  # every log_every_n_steps=10 of 42 optimizer steps, at train/loss's steps
     for rank in range(world_size):
+        shares = []
         parts = {part: scalars[f"step/rank_{rank}/{part}_ms"] for part in PARTS}
         assert {part: [step for step, _ in points] for part, points in parts.items()} == dict.fromkeys(PARTS, windows)
         for window in range(len(windows)):
@@ -270,6 +271,10 @@ def test_every_rank_logs_where_its_step_goes_and_the_parts_add_up_to_the_step(ru
             # what is left is Lightning's own work between them (the training step's call, the closure).
             inside = ms["forward"] + ms["backward_compute"] + ms["exposed_comm"] + ms["optimizer"]
             assert inside <= ms["step"] * 1.001, ms
+            shares.append(inside / ms["step"])
+        # Most of the step, in the median window: on a loaded machine one window's wait for a core
+        # (in Lightning's own work between the parts) can pull a mean under 80%.
+        assert statistics.median(shares) >= 0.8, f"the parts account for at least 80% of the step: {shares}"
     slowest, fastest = scalars["step/slowest_ms"], scalars["step/fastest_ms"]
     for window, step in enumerate(windows):
         steps = [scalars[f"step/rank_{rank}/step_ms"][window][1] for rank in range(world_size)]
@@ -282,7 +287,7 @@ def test_every_rank_logs_where_its_step_goes_and_the_parts_add_up_to_the_step(ru
         mean = averages[f"rank_{rank}"]
         inside = mean["forward"] + mean["backward_compute"] + mean["exposed_comm"] + mean["optimizer"]
         print(f"{name} rank {rank}: parts {inside:.2f} ms of a {mean['step']:.2f} ms step; {mean}")
-        assert 0.8 * mean["step"] <= inside <= mean["step"], "the parts account for at least 80% of the step"
+        assert inside <= mean["step"], mean
         if world_size == 1:  # no other rank: DDP still copies the gradients into its bucket and back
             # and runs a one-rank AllReduce, not nothing. The median window: on a loaded machine one
             # window's wait for a core can be 10% of its step.
