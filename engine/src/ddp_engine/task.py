@@ -32,7 +32,8 @@ class TaskCommand:
 
     Attributes:
         run: what each process of a prediction does with the job's config (``run(cfg) -> dict``),
-            or the export, in the command's own process.
+            or the export, in the command's own process; global rank 0's dict is the job's results,
+            which the engine writes to ``metrics.json``.
         check_paths: ``(cfg) -> None``, called before torch is imported (its module must import
             none): refuses paths that name nothing. None: nothing to check.
         check_job: ``(cfg, model, world_size) -> None``, called once the job's model is built for its
@@ -68,6 +69,9 @@ class Task:
         export: the same for ``python -m <package>.export``.
         schemas: stores the task's own config schemas in Hydra's ConfigStore (its data sets', its
             commands'), under the names its YAML's defaults lists give them.
+        trusted_modules: modules of other libraries that its configs build from (``timm.models``): a
+            run folder's saved config may build what they define, besides the task's package and
+            :data:`ddp_engine.config.trust.TRUSTED_MODULES`.
         config_dir: the folder of its Hydra configs; None (default): ``conf/`` beside the package
             where a wheel put it, else the repository's ``conf/`` (two folders above a ``src/`` package).
     """
@@ -82,6 +86,7 @@ class Task:
     predict: TaskCommand | None = None
     export: TaskCommand | None = None
     schemas: Callable[[ConfigStore], None] = _no_schemas
+    trusted_modules: Sequence[str] = ()
     config_dir: Path | None = None
 
     def configs(self) -> Path:

@@ -51,7 +51,11 @@ def test_a_resume_that_changes_a_data_key_its_datamodule_does_not_declare_is_ref
 def test_a_resume_may_change_the_engines_loading_keys_and_those_a_datamodule_declares(tmp_path):
     assert resume_arguments(saved_run(tmp_path / "a"), ["data.num_workers=2"])[-1] == "data.num_workers=2"
     run = saved_run(tmp_path / "b", f"{__name__}.MovableSensorDataModule")
-    assert resume_arguments(run, ["data.path=/moved/windows.npz"])[-1] == "data.path=/moved/windows.npz"
+    trusted = f"trusted_targets=[{__name__}]"  # a DataModule of this test module, not of the task's package
+    assert resume_arguments(run, ["data.path=/moved/windows.npz", trusted])[-2:] == [
+        "data.path=/moved/windows.npz",
+        trusted,
+    ]
 
 
 def evaluated_data(run, *overrides: str):
@@ -71,5 +75,6 @@ def test_an_evaluation_uses_the_runs_data_and_sets_only_its_datamodules_loading_
         ConfigValueError, match=r"^data.path=/elsewhere.npz: the checkpoint's run trained on data.path="
     ):
         evaluated_data(run, "data.path=/elsewhere.npz")
-    moved = evaluated_data(saved_run(tmp_path / "b", f"{__name__}.MovableSensorDataModule"), "data.path=/moved.npz")
+    moved = evaluated_data(saved_run(tmp_path / "b", f"{__name__}.MovableSensorDataModule"), "data.path=/moved.npz",
+                           f"trusted_targets=[{__name__}]")  # fmt: skip
     assert moved.path == "/moved.npz"

@@ -10,6 +10,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -159,3 +160,57 @@ def test_predict_and_export_refuse_a_task_that_has_none_in_one_line(trained, win
     ]
     assert list(tmp_path.iterdir()) == [], "no run directory"
     assert sorted(path.name for path in (run / "checkpoints").iterdir()) == before, "no export beside the checkpoint"
+
+
+COMMANDS = '''"""The task's own predict and export: each records what it was given."""
+
+import json
+import os
+from pathlib import Path
+
+
+def predict(cfg):
+    out = Path(cfg.paths.output_dir) / f"rank_{os.environ.get('RANK', '0')}.json"
+    out.write_text(json.dumps({"checkpoint": cfg.ckpt_path}))
+    return {"predictions": str(out.parent)}
+
+
+def export(cfg):
+    out = Path(cfg.paths.output_dir) / "exported.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"checkpoint": cfg.ckpt_path}))
+    return {"output": str(out)}
+'''
+
+
+def test_the_refusals_fix_declaring_predict_and_export_in_the_task_lets_the_same_checkpoint_through(trained, tmp_path):
+    """What the refusal says to do (``predict=TaskCommand(...)`` in the Task), done in a copy of the
+    task: the checkpoint of a run trained before it goes through, as the task's code now says."""
+    run, _ = trained
+    checkpoint = json.loads((run / "metrics.json").read_text())["checkpoint"]
+    project = tmp_path / "project"
+    shutil.copytree(HERE / "sensor_task", project / "sensor_task", ignore=shutil.ignore_patterns("__pycache__"))
+    (project / "sensor_task" / "commands.py").write_text(COMMANDS)
+    task = project / "sensor_task" / "task.py"
+    text = task.read_text().replace("from ddp_engine.api import Task", "from ddp_engine.api import Task, TaskCommand")
+    task.write_text(text.replace('    mode="min",\n', '    mode="min",\n'
+                                 '    predict=TaskCommand(run="sensor_task.commands:predict"),\n'
+                                 '    export=TaskCommand(run="sensor_task.commands:export"),\n'))  # fmt: skip
+
+    def command(name: str) -> subprocess.CompletedProcess:
+        # From the copy's folder: python -m finds the copy before engine/tests on PYTHONPATH.
+        args = cli_command(f"sensor_task.{name}", f"ckpt_path={checkpoint}", "trainer.accelerator=cpu",
+                           "trainer.devices=2", log_dir=tmp_path / "logs")  # fmt: skip
+        if name == "export":
+            args.remove("trainer.accelerator=cpu"), args.remove("trainer.devices=2")
+        return subprocess.run(args, cwd=project, env=cli_env(), capture_output=True, text=True, timeout=300)
+
+    predicted = command("predict")
+    assert predicted.returncode == 0, predicted.stdout[-2000:] + predicted.stderr[-3000:]
+    (out,) = (tmp_path / "logs" / "predictions").iterdir()
+    written = {path.name: json.loads(path.read_text()) for path in out.glob("rank_*.json")}
+    assert written == {f"rank_{rank}.json": {"checkpoint": checkpoint} for rank in (0, 1)}, "both processes ran it"
+    exported = command("export")
+    assert exported.returncode == 0, exported.stdout[-2000:] + exported.stderr[-3000:]
+    (out,) = (tmp_path / "logs" / "exports").iterdir()
+    assert json.loads((out / "exported.json").read_text()) == {"checkpoint": checkpoint}

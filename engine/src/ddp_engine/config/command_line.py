@@ -23,6 +23,7 @@ from ddp_engine.config.resume import in_place_run_dir, override_key, resume_argu
 from ddp_engine.config.saved_run import CHECKPOINT_USES, apply_run_settings, run_data_option
 from ddp_engine.config.schema import register_configs
 from ddp_engine.config.task_commands import check_task_has, imported, task_command, task_function
+from ddp_engine.config.trust import check_saved_overrides, trusted_targets
 from ddp_engine.core.compat import tell_hydra_the_mode
 from ddp_engine.core.console import drop_output_when_closed
 from ddp_engine.core.environment import launched_externally, launcher_rank
@@ -180,6 +181,7 @@ def with_data_set_of_run(args: Sequence[str]) -> list[str]:
     if option is None or not saved.is_file():
         return list(args)
     given = {override_key(arg) for arg in args if not arg.startswith("-")}
+    check_saved_overrides(saved, trusted_targets(args), given)
     # As written: an override may hold an interpolation for the job to resolve.
     run_overrides = OmegaConf.to_container(OmegaConf.load(saved), resolve=False)
     data = [

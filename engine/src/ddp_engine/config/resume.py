@@ -16,6 +16,7 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from ddp_engine.config.trust import TRUST_KEY, check_saved_config, check_saved_overrides, trusted_targets
 from ddp_engine.core.errors import ConfigValueError
 
 #: Keys (and the groups under them) that a resume in place must not change; of ``data``, every key
@@ -53,16 +54,23 @@ def resume_arguments(run_dir: Path, args: Sequence[str]) -> list[str]:
     """The command line that resumes the run in ``run_dir``: its saved overrides, then ``args``
     (this command's; flags first), without the saved ones that ``args`` set again.
 
+    The run's files are checked first (:mod:`ddp_engine.config.trust`): a saved ``trusted_targets``
+    is dropped, as this command's own is the only one that counts.
+
     Raises:
-        ConfigValueError: when ``args`` changes one of :data:`ARITHMETIC_KEYS`, naming the run's value.
+        ConfigValueError: when ``args`` changes one of :data:`ARITHMETIC_KEYS`, naming the run's value,
+            and when the run's files name a target that neither the project nor ``args`` trusts.
     """
-    # As written: an override may hold an interpolation (${paths.output_dir}) for the job to resolve.
-    saved = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "overrides.yaml"), resolve=False)
-    saved_config = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     flags = [arg for arg in args if arg.startswith("-")]
     given = [arg for arg in args if not arg.startswith("-")]
     given_keys = {override_key(arg) for arg in given}
-    saved_by_key = {override_key(override): override for override in saved}
+    trusted = trusted_targets(given)
+    check_saved_overrides(run_dir / ".hydra" / "overrides.yaml", trusted, given_keys)
+    check_saved_config(run_dir / ".hydra" / "config.yaml", trusted, keys=["data"])  # its class is imported
+    # As written: an override may hold an interpolation (${paths.output_dir}) for the job to resolve.
+    saved = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "overrides.yaml"), resolve=False)
+    saved_config = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    saved_by_key = {override_key(override): override for override in saved if override_key(override) != TRUST_KEY}
     for arg in given:
         key = override_key(arg)
         if not any(key == fixed or key.startswith(f"{fixed}.") for fixed in ARITHMETIC_KEYS):

@@ -19,6 +19,7 @@ from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from ddp_engine.config.schema import TaskConfig
+from ddp_engine.config.trust import check_option, check_saved_config
 from ddp_engine.core.errors import ConfigValueError
 
 log = logging.getLogger(__name__)
@@ -31,11 +32,18 @@ CHECKPOINT_USES = {"eval": "evaluation", "predict": "prediction", "export": "exp
 def run_data_option(checkpoint: Path) -> str | None:
     """The ``data`` option (``sensors``, ``folder``, ...) of the run that wrote ``checkpoint``
     (``<run>/checkpoints/<file>.ckpt``), from the Hydra record in its ``.hydra/hydra.yaml``; None
-    without one."""
+    without one.
+
+    Raises:
+        ConfigValueError: for a choice that is a path, not an option's name
+            (:func:`~ddp_engine.config.trust.check_option`).
+    """
     record = Path(checkpoint).parent.parent / ".hydra" / "hydra.yaml"
     if not record.is_file():
         return None
     choice = OmegaConf.select(OmegaConf.load(record), "hydra.runtime.choices.data", default=None)
+    if choice:
+        check_option("data", str(choice), f"{record} (hydra.runtime.choices.data)")
     return str(choice) if choice else None
 
 
@@ -55,10 +63,18 @@ def run_config_path(checkpoint: Path) -> Path:
     return Path(checkpoint).parent.parent / ".hydra" / "config.yaml"
 
 
-def saved_run_config(checkpoint: Path) -> DictConfig | None:
-    """The config of the run that wrote ``checkpoint``; None without one."""
+def saved_run_config(checkpoint: Path, trusted: Sequence[str] = ()) -> DictConfig | None:
+    """The config of the run that wrote ``checkpoint``; None without one.
+
+    Raises:
+        ConfigValueError: for a ``_target_`` in it that the project does not trust, nor ``trusted``
+            (this command's ``trusted_targets``: :func:`~ddp_engine.config.trust.check_saved_config`).
+    """
     path = run_config_path(checkpoint)
-    return OmegaConf.load(path) if path.is_file() else None
+    if not path.is_file():
+        return None
+    check_saved_config(path, trusted)
+    return OmegaConf.load(path)
 
 
 def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: str, log_them: bool = False) -> None:
@@ -81,7 +97,8 @@ def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: s
 
     Raises:
         ConfigValueError: for ``ckpt_path=last`` (a training run's resume in place, not a file),
-            and for an override that contradicts the run's data set.
+            for an override that contradicts the run's data set, and for a target in the run's
+            config that neither the project nor ``cfg.trusted_targets`` trusts.
     """
     if cfg.ckpt_path == "last":
         raise ConfigValueError(
@@ -89,7 +106,7 @@ def apply_run_settings(cfg: DictConfig, overrides: Sequence[str], config_name: s
             "ckpt_path=logs/runs/<run>/checkpoints/last.ckpt (or the best epoch_<N>.ckpt beside it)."
         )
     checkpoint = Path(cfg.ckpt_path).resolve()
-    run = saved_run_config(checkpoint)
+    run = saved_run_config(checkpoint, cfg.get("trusted_targets") or ())
     taken = data_set_of_run(cfg, run, checkpoint, overrides)
     if run is not None:
         with open_dict(cfg):

@@ -220,7 +220,9 @@ class JobConfig:
     model and DDP Trainer. ``callbacks`` maps a name to a Lightning callback's ``_target_`` node.
     ``data`` is typed by its data set's own schema where the task gives one, else checked against its
     class's signature; so is ``model`` (the task's LightningModule: the engine reads its
-    ``optimizer``, where it has one: the learning-rate scaling, the check before launch)."""
+    ``optimizer``, where it has one: the learning-rate scaling, the check before launch).
+    ``trusted_targets``: what this command lets a run folder's saved files build beyond the trusted
+    modules (:mod:`ddp_engine.config.trust`)."""
 
     task: TaskConfig = MISSING
     data: Any = MISSING
@@ -232,6 +234,7 @@ class JobConfig:
     paths: PathsConfig = MISSING
     launcher: LauncherConfig = MISSING
     seed: int = MISSING
+    trusted_targets: list[str] = MISSING
 
 
 @dataclass
@@ -278,6 +281,7 @@ class ExportConfig:
     paths: PathsConfig = MISSING
     seed: int = MISSING
     ckpt_path: str = MISSING
+    trusted_targets: list[str] = MISSING
 
 
 def register_configs() -> None:

@@ -202,6 +202,8 @@ def main(job_file: str) -> None:
 
     from ddp_engine.callbacks.signals import dump_stacks_on_stop_signals
     from ddp_engine.core.errors import UsageError
+    from ddp_engine.core.files import write_json
+    from ddp_engine.core.run_dir import METRICS_FILE
     from ddp_engine.distributed.failures import PEER_LOST_PATTERN, TIMEOUT_PATTERN
 
     job = OmegaConf.load(job_file)
@@ -218,7 +220,9 @@ def main(job_file: str) -> None:
     module, _, function = job.task.partition(":")
     task = getattr(importlib.import_module(module), function)
     try:
-        task(config)
+        results = task(config)
+        if rank == 0:  # global rank 0's results, which the supervisor reads back from the run directory
+            write_json(Path(config.paths.output_dir) / METRICS_FILE, results)
         end_quietly_on_stop_signals()  # its results are written: a stop now only ends it
         end_process_group()
     except SystemExit as stopped:

@@ -17,9 +17,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from ddp_engine.callbacks.signals import stop_on_signals
-from ddp_engine.core.files import write_json
 from ddp_engine.core.objective import metrics_line
-from ddp_engine.core.run_dir import METRICS_FILE
 from ddp_engine.models.build import build_model
 from ddp_engine.run.host_memory import keep_freed_host_memory
 from ddp_engine.run.trainer import build_trainer
@@ -48,7 +46,5 @@ def evaluate(cfg: DictConfig) -> dict:
         (metrics,) = trainer.test(model, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=True)
 
     metrics = {**metrics, "checkpoint": str(checkpoint), **layout}
-    if trainer.is_global_zero:
-        write_json(Path(cfg.paths.output_dir) / METRICS_FILE, metrics)
     info(f"Results: {metrics_line(metrics, cfg.task.metrics)} ({checkpoint})")
     return metrics

@@ -20,9 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from ddp_engine.callbacks.run_summary import RunSummary
 from ddp_engine.callbacks.signals import stop_on_signals
 from ddp_engine.core.environment import launcher_restarts
-from ddp_engine.core.files import write_json
 from ddp_engine.core.objective import metrics_line
-from ddp_engine.core.run_dir import METRICS_FILE
 from ddp_engine.distributed.checkpoint_io import in_place_resume_step
 from ddp_engine.distributed.layout import scale_learning_rate
 from ddp_engine.distributed.options import LRScaling
@@ -99,8 +97,6 @@ def fit_and_test(cfg: DictConfig) -> dict:
         (test,) = trainer.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
 
     metrics = {**val, **test, "checkpoint": best or None, **layout}
-    if trainer.is_global_zero:
-        write_json(run_dir / METRICS_FILE, metrics)
     info(f"Results: {metrics_line(metrics, cfg.task.metrics)} (checkpoint {best or 'final weights'})")
     info(f"Run directory: {run_dir}")
     return metrics

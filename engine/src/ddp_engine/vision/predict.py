@@ -32,14 +32,12 @@ from torch import Tensor
 from torch.utils.data import default_convert
 
 from ddp_engine.api import (
-    METRICS_FILE,
     build_model,
     build_trainer,
     keep_freed_host_memory,
     stop_on_signals,
     unrepeated_loader,
     write_csv,
-    write_json,
 )
 from ddp_engine.vision.inputs import InputImages
 from ddp_engine.vision.spec import checkpoint_data_spec
@@ -87,8 +85,6 @@ def predict(cfg: DictConfig) -> dict:
         "predictions": str(predictions), "inputs": len(inputs), "input": str(Path(cfg.input).resolve()),
         "checkpoint": str(checkpoint), **layout,
     }  # fmt: skip
-    if trainer.is_global_zero:
-        write_json(Path(cfg.paths.output_dir) / METRICS_FILE, metrics)
     info(f"Predicted {len(inputs)} inputs with {checkpoint}: {predictions}")
     return metrics
 
