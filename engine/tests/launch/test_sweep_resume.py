@@ -13,6 +13,7 @@ same command with its ``hydra.sweep.dir``: one after another in the command's pr
 
 import csv
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -24,12 +25,13 @@ import numpy as np
 import pytest
 import torch
 from harness import HERE, cli_command, cli_env, processes_mentioning, read_scalars, run_cli
+from omegaconf import OmegaConf
 from runs import DETERMINISTIC, TRAIN
 
 from ddp_engine.config.command_line import check_command_line
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.launch.job_slots import DevicePool, cpu_slot_size, jobs_at_a_time, visible_gpus
-from ddp_engine.launch.sweep_launcher import JobPlan, move_aside, plan_job
+from ddp_engine.launch.sweep_launcher import JobPlan, PlannedJob, move_aside, parallel_jobs, plan_job
 
 pytestmark = pytest.mark.processes
 
@@ -342,3 +344,22 @@ def test_eight_gpus_and_two_per_job_give_four_jobs_at_a_time_on_disjoint_gpus(mo
     assert DevicePool(visible_gpus(4)).take(2) == ("3", "5")
     assert jobs_at_a_time(None, 8, per_job=3) == 2 and jobs_at_a_time(1, 8, per_job=2) == 1
     assert jobs_at_a_time(None, 2, per_job=1) == 2 and cpu_slot_size(2, 2) == 1 and cpu_slot_size(16, 3) == 5
+
+
+@pytest.mark.parametrize(("devices", "n_jobs", "line"), [
+    (2, None, "Jobs one after another, in this process: each job runs 2 processes and this machine has 2 CPU cores "
+              "(hydra.launcher.n_jobs=2 shares them anyway)."),
+    (1, None, "2 jobs at a time, each on its own CPU cores: each job runs 1 process and this machine has 2 CPU cores."),
+    (2, 2, "2 jobs at a time, each on its own CPU cores: hydra.launcher.n_jobs=2; each job runs 2 processes and this "
+           "machine has 2 CPU cores."),
+    (1, 1, "Jobs one after another, in this process: hydra.launcher.n_jobs=1."),
+])  # fmt: skip
+def test_a_sweep_says_how_many_jobs_run_at_a_time_and_why(monkeypatch, caplog, tmp_path, devices, n_jobs, line):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # this machine's 2 cores, wherever it runs
+    trainer = {"accelerator": "cpu", "devices": devices}
+    config = OmegaConf.create({"trainer": trainer, "launcher": {}, "hydra": {"overrides": {"hydra": []}}})
+    planned = [PlannedJob(index, [f"seed={index}"], config, tmp_path / str(index)) for index in range(3)]
+    with caplog.at_level(logging.INFO, logger="ddp_engine.launch.sweep_launcher"):
+        runs_side_by_side = parallel_jobs(planned, n_jobs)
+    assert [record.getMessage().strip() for record in caplog.records] == [line]
+    assert (runs_side_by_side is not None) == line.startswith("2 jobs at a time")

@@ -137,13 +137,26 @@ def test_a_sweep_summarizes_its_metrics(windows, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     with open(sweep_dir / "summary.csv", newline="") as file:
         rows = list(csv.DictReader(file))
-    assert list(rows[0]) == ["job", "overrides", "status", "val/mse", "test/mse", "val/mae", "test/mae", "error",
-                             "directory"]  # fmt: skip
+    assert list(rows[0]) == ["job", "overrides", "status", "val/mse", "test/mse", "val/mae", "test/mae", "best",
+                             "error", "directory"]  # fmt: skip
+    scores = {}
     for row in rows:
         metrics = json.loads((sweep_dir / row["job"] / "metrics.json").read_text())
         assert row["status"] == "completed" and metrics["objective"] == "val/mse"
         assert row["val/mse"] == f"{metrics['val/mse']:.4f}" and row["test/mae"] == f"{metrics['test/mae']:.4f}"
+        scores[row["job"]] = metrics["val/mse"]
     assert [re.search(r"lr=([\d.]+)", row["overrides"])[1] for row in rows] == ["0.01", "0.003"]
+    # The best job by the task's objective, in its direction (the lowest val/mse), marked and named last.
+    best = min(scores, key=scores.get)
+    assert {row["job"]: row["best"] for row in rows} == {job: "min val/mse" if job == best else "" for job in scores}
+    last = (result.stdout + result.stderr).strip().splitlines()[-1]
+    assert last.endswith(f"Best job: #{best}, val/mse={scores[best]:.4f} (min): {sweep_dir / best}"), last
+    cores = len(os.sched_getaffinity(0))
+    assert (
+        f"2 jobs at a time, each on its own CPU cores: each job runs 1 process and this machine has {cores} CPU cores."
+        if cores >= 2
+        else "Jobs one after another, in this process: each job runs 1 process and this machine has 1 CPU cores"
+    ) in result.stdout, "how the jobs run, and why"
 
 
 @pytest.mark.parametrize("command", ["predict", "export"])

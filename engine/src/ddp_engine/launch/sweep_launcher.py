@@ -237,11 +237,17 @@ def parallel_jobs(planned: Sequence[PlannedJob], n_jobs: int | None) -> Parallel
     from ddp_engine.distributed.layout import processes_per_node, resolve_devices, uses_cuda
 
     if len(planned) < 2 or n_jobs == 1 or launched_externally():
+        why = (
+            "one job" if len(planned) < 2
+            else "hydra.launcher.n_jobs=1" if n_jobs == 1
+            else "each process of torchrun or SLURM runs every job in turn"
+        )  # fmt: skip
+        log.info(f"\tJobs one after another, in this process: {why}.")
         return None
     trainers = [job.config.get("trainer") or OmegaConf.create(ONE_CPU_PROCESS) for job in planned]
     cuda = {uses_cuda(resolve_devices(trainer.accelerator, trainer.devices)[0]) for trainer in trainers}
     if len(cuda) > 1 or (cuda == {True} and any(OmegaConf.is_list(trainer.devices) for trainer in trainers)):
-        log.info("\tJobs one after another: the sweep mixes GPU and CPU jobs, or names GPUs by index.")
+        log.info("\tJobs one after another, in this process: the sweep mixes GPU and CPU jobs, or names GPUs by index.")
         return None
     processes = [processes_per_node(trainer.accelerator, trainer.devices) for trainer in trainers]
     if cuda == {True}:
@@ -253,6 +259,7 @@ def parallel_jobs(planned: Sequence[PlannedJob], n_jobs: int | None) -> Parallel
         pool = DevicePool(sorted(os.sched_getaffinity(0)))
         at_a_time = jobs_at_a_time(n_jobs, len(pool.free), max(processes))
         needs = [cpu_slot_size(len(pool.free), at_a_time)] * len(planned)
+    log.info(f"\t{how_jobs_share(at_a_time, n_jobs, max(processes), len(pool.free), cuda == {True})}")
     if at_a_time < 2:
         return None
     grace = max(OmegaConf.select(job.config, "launcher.shutdown_timeout", default=0) for job in planned) + 30
@@ -263,13 +270,26 @@ def parallel_jobs(planned: Sequence[PlannedJob], n_jobs: int | None) -> Parallel
                    need, cuda == {True}, count)
         for job, need, count in zip(planned, needs, processes)
     ]  # fmt: skip
-    log.info(f"\t{at_a_time} jobs at a time, each on its own {'GPUs' if cuda == {True} else 'CPU cores'}")
     sweep_dir = planned[0].job_dir.parent
     hint = (
         f"Continue the sweep with the same command and hydra.sweep.dir={sweep_dir}: the completed jobs are kept, "
         "the stopped ones resume from their last.ckpt, the others run."
     )
     return ParallelJobs(jobs, pool, at_a_time, grace, hint)
+
+
+def how_jobs_share(at_a_time: int, n_jobs: int | None, processes: int, devices: int, gpus: bool) -> str:
+    """The line that says how many jobs of a sweep run at a time on this machine, and why: each job's
+    ``processes`` (its GPUs, or on CPU its processes) against the machine's ``devices``, or ``n_jobs``
+    (``hydra.launcher.n_jobs``) when it was given."""
+    kind = "GPUs" if gpus else "CPU cores"
+    need = f"each job runs {processes} process{'es' if processes > 1 else ''} and this machine has {devices} {kind}"
+    if n_jobs is not None:
+        need = f"hydra.launcher.n_jobs={n_jobs}; {need}"
+    if at_a_time < 2:
+        more = "" if n_jobs is not None else " (hydra.launcher.n_jobs=2 shares them anyway)"
+        return f"Jobs one after another, in this process: {need}{more}."
+    return f"{at_a_time} jobs at a time, each on its own {kind}: {need}."
 
 
 #: The ``trainer`` of a job whose app has none: one process on CPU.

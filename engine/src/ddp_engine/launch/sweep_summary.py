@@ -18,8 +18,9 @@ _failed: list[str] = []
 
 #: The columns of the table before and after the task's metrics (:func:`columns`). ``status``:
 #: ``completed``; ``resumed`` (completed after it resumed from its ``last.ckpt`` when the sweep was
-#: continued); ``failed``; ``stopped`` (by a signal).
-FIRST_COLUMNS, LAST_COLUMNS = ("job", "overrides", "status"), ("error", "directory")
+#: continued); ``failed``; ``stopped`` (by a signal). ``best``: on the best completed job's row, the
+#: objective and its direction (``max val/acc``), empty on the others.
+FIRST_COLUMNS, LAST_COLUMNS = ("job", "overrides", "status"), ("best", "error", "directory")
 #: The override a continued sweep adds to a job that resumes from its ``last.ckpt``.
 RESUMED = "ckpt_path=last"
 
@@ -57,6 +58,7 @@ def job_rows(sweep_dir: Path, names: Sequence[str]) -> list[dict[str, Any]]:
                 **{
                     name: f"{metrics[name]:.4f}" if isinstance(metrics.get(name), int | float) else "" for name in names
                 },
+                "best": "",
                 "error": (f"rank {metrics['rank']}: " if metrics.get("rank") is not None else "") + metrics["error"]
                 if failed
                 else "",
@@ -64,6 +66,22 @@ def job_rows(sweep_dir: Path, names: Sequence[str]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def mark_best(rows: list[dict[str, Any]], objective: str, mode: str) -> dict[str, Any] | None:
+    """Mark the row of the best completed job by ``objective`` (its ``metrics.json``'s value) in
+    direction ``mode`` (``max`` or ``min``): its ``best`` column says ``<mode> <objective>``. Returns
+    that row with the objective's value as ``value``, or None when no completed job has it."""
+    scored = []
+    for row in rows:
+        value = read_metrics(Path(row["directory"])).get(objective)
+        if row["status"] in ("completed", "resumed") and isinstance(value, int | float):
+            scored.append((value, row))
+    if not scored:
+        return None
+    value, best = (max if mode == "max" else min)(scored, key=lambda scored_row: scored_row[0])
+    best["best"] = f"{mode} {objective}"
+    return {**best, "value": value}
 
 
 def format_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
@@ -80,16 +98,24 @@ def format_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 class SweepSummary(Callback):
     """Hydra callback: at the end of a ``-m`` sweep (basic or Optuna sweeper), print a table of
-    every job (overrides, status, the task's metrics: ``task.metrics``, the failed rank's error) and
-    write it to ``<sweep dir>/summary.csv``; the command then exits with status 1 if a job failed."""
+    every job (overrides, status, the task's metrics: ``task.metrics``, the best job by
+    ``task.objective``, the failed rank's error), write it to ``<sweep dir>/summary.csv``, and end
+    with a line naming the best job, its objective and its directory; the command then exits with
+    status 1 if a job failed."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = job_rows(sweep_dir, config.task.metrics) if sweep_dir.is_dir() else []
         if not rows:
             return
+        objective, mode = config.task.objective, str(getattr(config.task.mode, "value", config.task.mode))  # an Enum
+        best = mark_best(rows, objective, mode)
         shown = columns(rows, config.task.metrics)
         write_csv(sweep_dir / "summary.csv", shown, ([row[column] for column in shown] for row in rows))
         _failed[:] = [row["directory"] for row in rows if row["status"] == "failed"]
         failed = f", {len(_failed)} failed" if _failed else ""
         log.info(f"Sweep of {len(rows)} jobs{failed} ({sweep_dir / 'summary.csv'}):\n{format_table(rows, shown)}")
+        if best is None:
+            log.info(f"No job completed with {objective}: no best job.")
+        else:
+            log.info(f"Best job: #{best['job']}, {objective}={best['value']:.4f} ({mode}): {best['directory']}")
