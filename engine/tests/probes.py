@@ -8,6 +8,7 @@
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -69,6 +70,25 @@ class FailOnRank(L.Callback):
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             self.marker.write_text(str(time.time()))
             raise RuntimeError(f"injected failure on rank {self.rank} at step {self.step}")
+
+
+class FillTheDisk(L.Callback):
+    """On global rank 0, after optimizer step ``step``: fill the run directory's file system but
+    ``leave_bytes``, as another user's job on a shared quota would, with ``<run>/filler``; once per
+    run directory (``<run>/filled``), so that its resume, once the filler is gone, trains on."""
+
+    def __init__(self, step: int, leave_bytes: int) -> None:
+        self.step, self.leave_bytes = step, leave_bytes
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step != self.step or not trainer.is_global_zero:
+            return
+        filler, filled = Path(trainer.default_root_dir) / "filler", Path(trainer.default_root_dir) / "filled"
+        if filled.exists():
+            return
+        filled.touch()
+        with open(filler, "ab") as file:
+            file.write(b"\0" * max(0, shutil.disk_usage(filler.parent).free - self.leave_bytes))
 
 
 class StopAfterEpoch(L.Callback):

@@ -299,19 +299,20 @@ def test_a_resume_in_place_with_nothing_to_resume_is_refused(tmp_path, cpu):
     run.mkdir()
     # Stopped before its first checkpoint: the way on is another directory, which a new run takes.
     assert refused(*cpu, f"hydra.run.dir={run}", "ckpt_path=last") == (
-        f"ckpt_path=last resumes the run in hydra.run.dir={run}, which holds no checkpoints/last.ckpt: it stopped "
-        "before its first. There is nothing to resume: start it again in another directory (hydra.run.dir=<new "
+        f"ckpt_path=last resumes the run in hydra.run.dir={run}, which holds no checkpoint (checkpoints/*.ckpt): it "
+        "stopped before its first. There is nothing to resume: start it again in another directory (hydra.run.dir=<new "
         f"folder>, or leave hydra.run.dir unset for a fresh one), or move {run} away first."
     )
     check_command_line("config", [*cpu, f"hydra.run.dir={tmp_path / 'new'}"])
-    # Without its last.ckpt (callbacks.last_checkpoint dropped) but with an epoch's: not "before its first".
+    # A save in progress (or one that failed) is no checkpoint to resume from.
     (run / "checkpoints").mkdir()
+    (run / "checkpoints" / ".last.ckpt.123.abcd.tmp").write_bytes(b"half a checkpoint")
+    assert "which holds no checkpoint (checkpoints/*.ckpt)" in refused(*cpu, f"hydra.run.dir={run}", "ckpt_path=last")
+    # Without its last.ckpt (a full disk, or callbacks.last_checkpoint dropped) but with an epoch's: it
+    # resumes from that one (distributed/checkpoint_io.py: resume_point).
     (run / "checkpoints" / "epoch_000.ckpt").write_bytes(b"a checkpoint")
-    assert refused(*cpu, f"hydra.run.dir={run}", "ckpt_path=last") == (
-        f"ckpt_path=last resumes the run in hydra.run.dir={run}, which holds no checkpoints/last.ckpt (its "
-        "last_checkpoint callback was off), only epoch checkpoints. Resume from one of them into a new directory: "
-        f"ckpt_path={run}/checkpoints/<file>.ckpt with the run's overrides."
-    )
+    (run / "metrics.json").write_text('{"status": "failed"}')
+    check_command_line("config", [*cpu, f"hydra.run.dir={run}", "ckpt_path=last"])
     (run / "checkpoints" / "last.ckpt").write_bytes(b"a checkpoint")
     (run / "metrics.json").write_text('{"status": "stopped"}')
     check_command_line("config", [*cpu, f"hydra.run.dir={run}", "ckpt_path=last"])

@@ -30,8 +30,13 @@ from ddp_engine.core.compat import skip_sigterm_broadcast
 from ddp_engine.core.environment import submitit_preempt_signal
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.core.lifetime import STOP_SIGNALS
-from ddp_engine.core.run_dir import LAST_CHECKPOINT, restart_hint, resume_hint
-from ddp_engine.distributed.checkpoint_io import LastCheckpoint, at_optimizer_step_boundary, with_global_step
+from ddp_engine.core.run_dir import restart_hint, resume_hint
+from ddp_engine.distributed.checkpoint_io import (
+    LastCheckpoint,
+    at_optimizer_step_boundary,
+    resume_point,
+    with_global_step,
+)
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +147,8 @@ class StopOnSignal(L.Callback):
             if path and Path(path).is_file()
         ]
         where = stop_point(trainer, self.received)
-        if (last := Path(trainer.default_root_dir) / LAST_CHECKPOINT).is_file():
-            saved = [last]  # what ckpt_path=last resumes from, whatever the best checkpoint's time
+        if (point := resume_point(trainer.default_root_dir)) is not None:
+            saved = [point]  # what ckpt_path=last resumes from, whatever the best checkpoint's time
         if saved:
             newest = max(saved, key=lambda path: path.stat().st_mtime)
             log.warning(

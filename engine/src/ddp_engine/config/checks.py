@@ -242,30 +242,25 @@ def check_resume_in_place(run_dir: Path) -> None:
     deep in the log (Lightning's behaviour for a ``last`` it cannot find). A launcher's restart of
     the job is not checked: it resumes what its first attempt left, or starts it.
 
+    The resume continues from the run's newest complete checkpoint, ``last.ckpt`` or an epoch's
+    (:func:`~ddp_engine.distributed.checkpoint_io.resume_point`).
+
     Raises:
-        ConfigValueError: when ``run_dir`` holds no ``checkpoints/last.ckpt`` (naming the way on: another
-            directory when it holds no checkpoint at all, an epoch's checkpoint when it holds one), or
-            holds a run that completed (its ``metrics.json`` says so).
+        ConfigValueError: when ``run_dir`` does not exist, holds no checkpoint (naming the way on:
+            another directory), or holds a run that completed (its ``metrics.json`` says so).
     """
     if launcher_restarts() > 0:
         return
-    last = run_dir / LAST_CHECKPOINT
     if not run_dir.exists():
         raise ConfigValueError(
             f"ckpt_path=last resumes the run in hydra.run.dir={run_dir}, which does not exist. Give the run's "
             "directory (hydra.run.dir=logs/runs/<run> ckpt_path=last), a checkpoint file (ckpt_path=<file>.ckpt), "
             "or start a new run (without ckpt_path)."
         )
-    if not last.is_file() and not _holds_checkpoints(run_dir):
+    if not _holds_checkpoints(run_dir):
         raise ConfigValueError(
-            f"ckpt_path=last resumes the run in hydra.run.dir={run_dir}, which holds no checkpoints/last.ckpt: it "
-            f"stopped before its first. {restart_hint(run_dir)}"
-        )
-    if not last.is_file():  # callbacks.last_checkpoint dropped: only the best epochs' files
-        raise ConfigValueError(
-            f"ckpt_path=last resumes the run in hydra.run.dir={run_dir}, which holds no checkpoints/last.ckpt (its "
-            "last_checkpoint callback was off), only epoch checkpoints. Resume from one of them into a new directory: "
-            f"ckpt_path={run_dir / LAST_CHECKPOINT.parent}/<file>.ckpt with the run's overrides."
+            f"ckpt_path=last resumes the run in hydra.run.dir={run_dir}, which holds no checkpoint (checkpoints/"
+            f"*.ckpt): it stopped before its first. {restart_hint(run_dir)}"
         )
     if run_status(run_dir) == "completed":
         raise ConfigValueError(
@@ -277,7 +272,8 @@ def check_resume_in_place(run_dir: Path) -> None:
 
 
 def _holds_checkpoints(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds any checkpoint (``last.ckpt`` or an epoch's)."""
+    """Whether ``run_dir`` holds any checkpoint (``last.ckpt`` or an epoch's; a save in progress is a
+    hidden ``.tmp`` file)."""
     return any((run_dir / LAST_CHECKPOINT.parent).glob("*.ckpt"))
 
 

@@ -142,6 +142,8 @@ def run_entry_point(main: Callable[[], object], config_name: str, task: str | No
     end_at_once_on_stop_signals("before the run started: no process trained")
     # Warnings go through logging: tagged with the rank, kept in the job's log file.
     logging.captureWarnings(True)
+    # A log line that cannot be written (a full disk) is lost, not printed as a traceback of its own.
+    logging.raiseExceptions = False
     if SWEEP_ENV in os.environ:  # a job of a parallel sweep: it ends with the sweep's command
         end_with_parent(int(os.environ[SWEEP_ENV]), "sweep")
     try:

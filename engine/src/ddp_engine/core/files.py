@@ -6,6 +6,7 @@ import io
 import json
 import os
 import secrets
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -13,9 +14,42 @@ from pathlib import Path
 
 from ddp_engine.core.errors import ConfigValueError
 
+#: The errors of a write that found no space: the file system is full, or the user's quota is.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class NoSpaceError(OSError):
+    """A write that failed for lack of space, as one line: the cause, the path, the space left and,
+    where known, the bytes the file needed (:func:`atomic_path`)."""
+
+
+def out_of_space(error: BaseException) -> OSError | None:
+    """The no-space ``OSError`` behind ``error``: itself, or one it was raised from or while handling
+    (torch's checkpoint writer reports the file's own error as the context of a ``RuntimeError``);
+    None when there is none."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in NO_SPACE:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def byte_size(count: float) -> str:
+    """``count`` bytes as a person reads it: ``512 B``, ``20.0 kB``, ``1.5 GB`` (powers of 1000)."""
+    if count < 1000:
+        return f"{count:.0f} B"
+    for unit in ("kB", "MB", "GB"):
+        count /= 1000
+        if count < 1000 or unit == "GB":
+            break
+    return f"{count:.1f} {unit}"
+
 
 @contextmanager
-def atomic_path(path: Path, suffix: str = ".partial", durable: bool = False, replace: bool = True) -> Iterator[Path]:
+def atomic_path(
+    path: Path, suffix: str = ".partial", durable: bool = False, replace: bool = True, needed: int | None = None
+) -> Iterator[Path]:
     """A temporary path beside ``path`` to write the whole file into; when the block ends without
     an error, the file takes the name ``path``; otherwise it is removed.
 
@@ -34,28 +68,40 @@ def atomic_path(path: Path, suffix: str = ".partial", durable: bool = False, rep
             survives a power loss too (checkpoints); off by default.
         replace: False: never over an existing file; it is given its name with a hard link, which
             fails when ``path`` exists (or, where the filesystem has none, a rename after a check).
+        needed: the file's size in bytes where the writer knows it, for the message of a write
+            that finds no space.
 
     Raises:
         FileExistsError: with ``replace=False``, when ``path`` exists; nothing is written.
+        NoSpaceError: when the write (or its flush) found no space on the file system or in the
+            user's quota: one line naming the path, the space left and ``needed``; nothing is written.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")
     try:
-        yield temporary
-        if durable:
-            with open(temporary, "rb") as file:
-                os.fsync(file.fileno())
-        if replace:
-            os.replace(temporary, path)
-        else:
-            _link_new(temporary, path)
-        if durable:  # the rename itself reaches the disk with the folder's entry
-            folder = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
+        try:
+            yield temporary
+            if durable:
+                with open(temporary, "rb") as file:
+                    os.fsync(file.fileno())
+            if replace:
+                os.replace(temporary, path)
+            else:
+                _link_new(temporary, path)
+            if durable:  # the rename itself reaches the disk with the folder's entry
+                folder = os.open(path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(folder)
+                finally:
+                    os.close(folder)
+        except Exception as error:
+            if isinstance(error, NoSpaceError) or (cause := out_of_space(error)) is None:
+                raise
+            temporary.unlink(missing_ok=True)  # its space back before the space left is measured
+            needs = f"; the file needs about {byte_size(needed)}" if needed else ""
+            left = f"{byte_size(shutil.disk_usage(path.parent).free)} left on its file system{needs}"
+            raise NoSpaceError(cause.errno, f"{os.strerror(cause.errno)}: writing {path} failed ({left})") from error
     finally:
         temporary.unlink(missing_ok=True)
 

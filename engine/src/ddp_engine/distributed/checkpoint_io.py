@@ -155,6 +155,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     move is a copy into the final path: a process killed during the copy leaves ``last.ckpt``
     truncated, with no good copy left. (And a large checkpoint may not fit in ``/tmp`` at all.)
 
+    A save that finds no space (a full disk or quota) raises one line that says so, names the path,
+    the space left and the checkpoint's size (:class:`~ddp_engine.core.files.NoSpaceError`), and
+    leaves the previous checkpoint as it was.
+
     Here the checkpoint is written to a hidden temporary file in the checkpoint's own folder
     (``.<name>.<pid>.<random>.tmp``), flushed to disk, and renamed over the final path
     (:func:`ddp_engine.core.files.atomic_path`): the path holds the previous complete checkpoint
@@ -170,11 +174,29 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint takes no storage_options")
         path = Path(path)
-        with atomic_path(path, suffix=".tmp", durable=True) as temporary:
-            torch.save(checkpoint, temporary)
+        # About its size, for the message of a save that finds no space: its tensors', or its previous
+        # version's where that is larger (a small model's file is mostly the archive's own records).
+        needed = max(tensor_bytes(checkpoint), path.stat().st_size if path.is_file() else 0)
+        with atomic_path(path, suffix=".tmp", durable=True, needed=needed) as temporary:
+            # Into a file of ours: torch's writer then reports a full disk as the file's own error
+            # (ENOSPC), not as a bare "unexpected pos" (atomic_path names it).
+            with open(temporary, "wb") as file:
+                torch.save(checkpoint, file)
         # Global rank 0 alone saves: another file of this pattern is a save that was killed.
         for leftover in path.parent.glob(f".{path.name}.*.tmp"):
             leftover.unlink(missing_ok=True)
+
+
+def tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in ``value`` (a checkpoint: nested dicts, lists and tuples), about
+    the size of its file."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return sum(tensor_bytes(item) for item in value)
+    return 0
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -266,18 +288,26 @@ class LastCheckpoint(ModelCheckpoint):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
+def resume_point(run_dir: Path | str) -> Path | None:
+    """The checkpoint a resume in place of the run in ``run_dir`` continues from: the one of its
+    ``checkpoints/*.ckpt`` saved at the highest global step (``last.ckpt`` among equals), skipping
+    any that cannot be read as one; None where there is none. Usually ``last.ckpt``; an epoch's
+    checkpoint where a later ``last.ckpt`` could not be written (a full disk) or its callback was off."""
+    steps = {path: saved_global_step(path) for path in (Path(run_dir) / LAST_CHECKPOINT.parent).glob("*.ckpt")}
+    complete = [(step, path.name == LAST_CHECKPOINT.name, path) for path, step in steps.items() if step is not None]
+    return max(complete)[2] if complete else None
+
+
 def in_place_resume_step(run_dir: Path, ckpt_path: str | None) -> int | None:
-    """The global step of the run's ``last.ckpt`` when this job resumes it in place
-    (``ckpt_path=last`` and the checkpoint exists in the job's own directory), else None.
+    """The global step of the run's :func:`resume_point` when this job resumes it in place
+    (``ckpt_path=last`` and the run has one), else None.
 
     TensorBoard's ``purge_step``: the run's event files keep their points before this step, and
     the points the killed run logged after its last checkpoint are dropped, since the resumed run
     logs those steps again.
     """
-    path = run_dir / LAST_CHECKPOINT
-    if ckpt_path != "last" or not path.is_file():
-        return None
-    return saved_global_step(path)
+    path = resume_point(run_dir) if ckpt_path == "last" else None
+    return None if path is None else saved_global_step(path)
 
 
 def with_global_step(path: Path) -> str:

@@ -28,8 +28,8 @@ from ddp_engine.core.environment import launched_externally
 from ddp_engine.core.errors import JobFailedError
 from ddp_engine.core.files import write_json
 from ddp_engine.core.lifetime import restore_stop_signals
-from ddp_engine.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, read_metrics, restart_hint, resume_command
-from ddp_engine.distributed.checkpoint_io import with_global_step
+from ddp_engine.core.run_dir import METRICS_FILE, read_metrics, restart_hint, resume_command
+from ddp_engine.distributed.checkpoint_io import resume_point, with_global_step
 from ddp_engine.distributed.layout import processes_per_node
 from ddp_engine.launch.supervisor import (
     JobInterrupted,
@@ -92,6 +92,15 @@ def run_job(
     return metrics
 
 
+def record(run_dir: Path, metrics: dict) -> None:
+    """Write a stopped or failed job's record to its ``metrics.json``; where that write fails too
+    (a full disk), one line says so, and the run's own error stays the one reported."""
+    try:
+        write_json(run_dir / METRICS_FILE, metrics)
+    except OSError as error:
+        log.error(f"The run's end could not be recorded in {run_dir / METRICS_FILE}: {error}")
+
+
 def completed(metrics: dict, overrides: list[str], objective: str | None) -> dict:
     """The record of a completed job in ``metrics.json``: its status, overrides and objective, then
     global rank 0's ``metrics``."""
@@ -118,17 +127,17 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig, objective: st
         remove_stacks(run_dir)
         finished = read_metrics(run_dir)  # rank 0's own record (no status) once its task has returned
         if finished and "status" not in finished:
-            write_json(run_dir / METRICS_FILE, completed(finished, overrides, objective))
+            record(run_dir, completed(finished, overrides, objective))
             log.warning(f"Run {run_dir} {stopped} after its task had finished: its results are kept in {METRICS_FILE}.")
             sys.exit(128 + stopped.signum)
-        write_json(run_dir / METRICS_FILE, {"status": "stopped", "signal": stopped.signum.name, "overrides": overrides})
+        record(run_dir, {"status": "stopped", "signal": stopped.signum.name, "overrides": overrides})
         log.warning(f"Run {run_dir} {stopped}: every process has ended.")
         if not stopped.workers_started and HydraConfig.get().mode != RunMode.MULTIRUN:  # the workers say it otherwise
             log.warning(f"It stopped before its processes started. {restart_hint(run_dir)}")
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             this_one = (
                 "this one resumes from its last.ckpt"
-                if (run_dir / LAST_CHECKPOINT).is_file()
+                if resume_point(run_dir) is not None
                 else "this one starts again (it stopped before its first checkpoint)"
             )
             log.warning(
@@ -143,16 +152,16 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig, objective: st
                 f"{', '.join(str(path) for path in hangs)} (the rank that was not waiting in the collective "
                 "is the one to look at)."
             )
-        record = {"status": "failed", "rank": failed.rank, "error": failed.error, "overrides": overrides}
-        write_json(run_dir / METRICS_FILE, record)
+        failure = {"status": "failed", "rank": failed.rank, "error": failed.error, "overrides": overrides}
+        record(run_dir, failure)
         if HydraConfig.get().mode != RunMode.MULTIRUN:
-            if (last := run_dir / LAST_CHECKPOINT).is_file():
+            if (last := resume_point(run_dir)) is not None:
                 log.warning(
                     f"Last complete checkpoint: {with_global_step(last)}. Once the cause is fixed, resume this run "
                     f"in place with: {resume_command(run_dir)}"
                 )
             raise
         log.error(f"Job {run_dir} failed: {failed}. The sweep goes on with the next job.")
-        return record
+        return failure
     remove_stacks(run_dir)
     return json.loads((run_dir / METRICS_FILE).read_text())

@@ -64,7 +64,7 @@ def plan_job(job_dir: Path, rerun_failed: bool) -> JobPlan:
     status = run_status(job_dir)
     if status == "completed" or (status == "failed" and not rerun_failed):
         return JobPlan.KEEP
-    if (job_dir / LAST_CHECKPOINT).is_file():
+    if any((job_dir / LAST_CHECKPOINT.parent).glob("*.ckpt")):  # resume_point: the newest of them
         return JobPlan.RESUME
     return JobPlan.RESTART if job_dir.exists() else JobPlan.RUN
 
@@ -216,7 +216,9 @@ def plan_jobs(
             runs[index] = job_return(PlannedJob(index, overrides, config, job_dir))
             continue
         if plan is JobPlan.RESUME:
-            log.info(f"\t#{index} resumes in place from {job_dir / LAST_CHECKPOINT}")
+            from ddp_engine.distributed.checkpoint_io import resume_point  # torch: only for a resume
+
+            log.info(f"\t#{index} resumes in place from {resume_point(job_dir)}")
             overrides = [*overrides, RESUMED]
             config = job_config(overrides, index)
         elif plan is JobPlan.RESTART:

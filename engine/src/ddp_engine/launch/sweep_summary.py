@@ -19,7 +19,7 @@ _failed: list[str] = []
 #: The columns of the table before and after the task's metrics (:func:`columns`). ``status``:
 #: ``completed``; ``resumed`` (completed after it resumed from its ``last.ckpt`` when the sweep was
 #: continued); ``failed``; ``stopped`` (by a signal). ``best``: on the best completed job's row, the
-#: objective and its direction (``max val/acc``), empty on the others.
+#: objective and its direction (``min val/mse``), empty on the others.
 FIRST_COLUMNS, LAST_COLUMNS = ("job", "overrides", "status"), ("best", "error", "directory")
 #: The override a continued sweep adds to a job that resumes from its ``last.ckpt``.
 RESUMED = "ckpt_path=last"
@@ -111,7 +111,10 @@ class SweepSummary(Callback):
         objective, mode = config.task.objective, str(getattr(config.task.mode, "value", config.task.mode))  # an Enum
         best = mark_best(rows, objective, mode)
         shown = columns(rows, config.task.metrics)
-        write_csv(sweep_dir / "summary.csv", shown, ([row[column] for column in shown] for row in rows))
+        try:
+            write_csv(sweep_dir / "summary.csv", shown, ([row[column] for column in shown] for row in rows))
+        except OSError as error:  # a full disk: the table and the best job are still printed
+            log.error(f"The sweep's summary could not be written: {error}")
         _failed[:] = [row["directory"] for row in rows if row["status"] == "failed"]
         failed = f", {len(_failed)} failed" if _failed else ""
         log.info(f"Sweep of {len(rows)} jobs{failed} ({sweep_dir / 'summary.csv'}):\n{format_table(rows, shown)}")

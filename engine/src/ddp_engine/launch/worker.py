@@ -202,7 +202,7 @@ def main(job_file: str) -> None:
 
     from ddp_engine.callbacks.signals import dump_stacks_on_stop_signals
     from ddp_engine.core.errors import UsageError
-    from ddp_engine.core.files import write_json
+    from ddp_engine.core.files import NoSpaceError, write_json
     from ddp_engine.core.run_dir import METRICS_FILE
     from ddp_engine.distributed.failures import PEER_LOST_PATTERN, TIMEOUT_PATTERN
 
@@ -210,6 +210,8 @@ def main(job_file: str) -> None:
     # The job's config as a root of its own: its interpolations (${seed}) resolve against it.
     config = OmegaConf.create(OmegaConf.to_container(job.config))
     logging.config.dictConfig(OmegaConf.to_container(job.logging))
+    # A log line that cannot be written (a full disk) is lost, not printed as a traceback of its own.
+    logging.raiseExceptions = False
     # Warnings go through logging: tagged with the rank, kept in the job's log file.
     logging.captureWarnings(True)
     rank = int(os.environ["RANK"])
@@ -234,7 +236,7 @@ def main(job_file: str) -> None:
             os._exit(stopped.code)
         raise
     except BaseException as error:  # noqa: B036 -- every way out is recorded for the supervisor
-        if isinstance(error, UsageError):
+        if isinstance(error, UsageError | NoSpaceError):  # one line says it all: no traceback
             log.error(f"{type(error).__name__}: {error}")
         elif TIMEOUT_PATTERN.search(str(error)):  # its traceback goes into hang-rank<r>.txt
             log.error(f"Rank {rank} failed waiting for the other ranks: {type(error).__name__}: {error}")
