@@ -78,7 +78,7 @@ gpu-check: $(INSTALLED)
 # the package (src/fashion_ddp), its imports, console scripts and Hydra targets (tools/rename.py).
 # Then the Python files it changed are laid out for the new name by the commit hooks (ruff), from .venv.
 rename:
-	$(PYTHON) tools/rename.py $(NAME) && $(MAKE) $(INSTALLED) && $(VENV)/bin/python tools/rename.py --layout
+	$(PYTHON) tools/rename.py $(NAME) --layout-follows && $(MAKE) $(INSTALLED) && $(VENV)/bin/python tools/rename.py --layout
 
 clean:
 	rm -rf $(VENV) src/*.egg-info engine/src/*.egg-info .pytest_cache

@@ -311,6 +311,10 @@ def main() -> None:
         "--layout", action="store_true",
         help="only lay out the Python files that name the project, as after a rename (needs pre-commit)",
     )  # fmt: skip
+    parser.add_argument(
+        "--layout-follows", action="store_true",
+        help="the caller lays the files out next (make rename, once .venv is installed): not a step left to do",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.layout:
         names = (OLD_PACKAGE, OLD_PACKAGE.upper(), OLD_DIST)
@@ -350,8 +354,8 @@ def main() -> None:
     print(
         f"Renamed {OLD_DIST} -> {dist} (package {OLD_PACKAGE} -> {package}) in {len(changed)} files "
         f"in {time.perf_counter() - start:.1f} s.{' ' + done if done else ''}\n"
-        f"Next: {left + ' Then ' if left else ''}`make test` (reinstalls the package into .venv), review `git diff`, "
-        "commit."
+        f"Next: {left + ' Then ' if left and not args.layout_follows else ''}`make test-fast` (under 2 minutes; "
+        "`make test` runs every test, about 20 minutes on 2 cores), review `git diff`, commit."
     )
 
 
