@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from ddp_engine.api import TaskGuarantees
 from helpers import REPO, cli_env, dependencies_pth, make_image_folder
 
 #: The project's distribution name, and the template's (joined here: the rename rewrites the written-out one).
@@ -300,7 +301,8 @@ def test_a_clone_that_makes_its_own_task_merges_the_templates_engine_fix_and_pas
     summary = result.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "failed" not in summary and "error" not in summary, result.stdout[-3000:]
     passed = re.findall(r"^tests/(\S+) PASSED", result.stdout, re.MULTILINE)
-    assert len([test for test in passed if test.startswith("test_task.py::TestTask::")]) == 4, passed
+    ran = sorted(test.rpartition("::")[2] for test in passed if test.startswith("test_task.py::TestTask::"))
+    assert ran == sorted(name for name in dir(TaskGuarantees) if name.startswith("test_")), "every guarantee ran"
     assert "test_features.py::test_channels_and_the_wide_model" in passed
     assert "tooling/test_layers.py::test_the_task_imports_the_engine_from_its_public_module_only" in passed
 
