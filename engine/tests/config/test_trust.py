@@ -7,7 +7,7 @@ import pytest
 
 from ddp_engine.api import register
 from ddp_engine.config import trust
-from ddp_engine.config.trust import check_target
+from ddp_engine.config.trust import check_saved_config, check_saved_overrides, check_target
 from ddp_engine.core.errors import ConfigValueError
 
 
@@ -36,3 +36,35 @@ def test_a_task_names_the_modules_of_other_libraries_it_builds_from(monkeypatch,
     register(replace(test_task, trusted_modules=("json",)))
     check_target("json.JSONDecoder", "config.yaml:1")
     assert "json" not in trust.TRUSTED_MODULES
+
+
+@pytest.mark.parametrize(("text", "refusal"), [
+    ("model:\n  net: \"${oc.create:'{_target_: os.system, command: touch x}'}\"\n", "builds config from a string"),
+    ("data: {x: 1}\nmodel: !!python/object/apply:os.system ['touch x']\n", "cannot be read as a run's config"),
+    ("shared: &planted {_target_: os.system}\nmodel:\n  net: *planted\n", "_target_: os.system"),
+    ("model:\n  <<: {_target_: os.system}\n", "_target_: os.system"),
+    ("model:\n  net: {_target_: torch.nn.Linear, _target_: os.system}\n", "cannot be read as a run's config"),
+    ("- model\n", "not a run's config"),
+])  # fmt: skip
+def test_a_saved_config_that_hides_a_target_is_refused_in_one_line(tmp_path, text, refusal):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigValueError, match=refusal) as refused:
+        check_saved_config(path)
+    assert str(refused.value).startswith(f"{path}") and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("text", "refusal"), [
+    ("- \"model.net=${oc.create:'{_target_: os.system}'}\"\n", "builds config from a string"),
+    ("model: resnet\n", "not a run's overrides"),
+    ("- [model=resnet]\n", "not an override"),
+    ("- 'model.net=[unclosed'\n", "not an override"),
+    ("- hydra.job.env_set.LD_PRELOAD=./x.so\n", "never set Hydra's own keys"),
+    ("- data=/tmp/planted\n", "never a path to a file"),
+])  # fmt: skip
+def test_saved_overrides_that_reach_past_the_project_are_refused_in_one_line(tmp_path, text, refusal):
+    path = tmp_path / "overrides.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigValueError, match=refusal) as refused:
+        check_saved_overrides(path)
+    assert str(refused.value).startswith(f"{path}") and "\n" not in str(refused.value)

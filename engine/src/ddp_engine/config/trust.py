@@ -18,8 +18,9 @@ from pathlib import Path
 
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
-from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.core.errors import ConfigValueError, first_line
 from ddp_engine.task import current
 
 #: Where a class or function that a saved run builds may be defined (its ``__module__``, by dotted
@@ -67,9 +68,13 @@ def check_saved_config(path: Path, trusted: Sequence[str] = (), keys: Sequence[s
     Raises:
         ConfigValueError: naming the target, the file and its line, and how to allow it.
     """
-    root = yaml.compose(Path(path).read_text())
-    for key, node in root.value if isinstance(root, yaml.MappingNode) else ():
+    root = _read(Path(path), "config")
+    if not isinstance(root, yaml.MappingNode):
+        raise ConfigValueError(f"{path}: not a run's config (a mapping of keys); this run folder was edited.")
+    for key, node in root.value:
         if isinstance(key, yaml.ScalarNode) and key.value in keys:
+            for value, line in _scalars(node):
+                _check_builds_no_node(value, f"{path}:{line}")
             for target, line in _targets(node):
                 check_target(target, f"{path}:{line}", trusted)
 
@@ -84,11 +89,20 @@ def check_saved_overrides(path: Path, trusted: Sequence[str] = (), given: Collec
     Raises:
         ConfigValueError: naming the override, the file and its line, and what to do.
     """
-    node = yaml.compose(Path(path).read_text())
+    node = _read(Path(path), "overrides")
+    if not isinstance(node, yaml.SequenceNode | None):
+        raise ConfigValueError(f"{path}: not a run's overrides (a list of key=value); this run folder was edited.")
     parser = OverridesParser.create()
-    for item in node.value if isinstance(node, yaml.SequenceNode) else ():
-        where, text = f"{path}:{item.start_mark.line + 1}", str(item.value)
-        (override,) = parser.parse_overrides([text])
+    for item in node.value if node is not None else ():
+        where = f"{path}:{item.start_mark.line + 1}"
+        if not isinstance(item, yaml.ScalarNode):
+            raise ConfigValueError(f"{where}: not an override (key=value); this run folder was edited.")
+        text = str(item.value)
+        _check_builds_no_node(text, where)
+        try:
+            (override,) = parser.parse_overrides([text])
+        except Exception as error:  # Hydra's parser raises its own error types
+            raise ConfigValueError(f"{where}: {text}: not an override ({first_line(error)}).") from None
         key = override.key_or_group
         if key in given or key == TRUST_KEY:
             continue
@@ -175,6 +189,44 @@ def _defined_in(target: str) -> str | None:
         module = getattr(found, "__module__", None) if end < len(parts) else None
         return module if isinstance(module, str) and (isinstance(found, type) or callable(found)) else None
     return None
+
+
+def _read(path: Path, kind: str) -> yaml.Node | None:
+    """The YAML file ``path`` (a run's ``kind``: config, overrides) as nodes, each with its line;
+    refused in one line where it cannot be read as OmegaConf reads it (a tag, a syntax error)."""
+    try:
+        node = yaml.compose(path.read_text())
+        OmegaConf.load(path)
+    except Exception as error:  # YAML's errors, OmegaConf's, a file that is not text
+        raise ConfigValueError(
+            f"{path}: cannot be read as a run's {kind} ({first_line(error)}); this run folder was edited or cut short."
+        ) from None
+    return node
+
+
+#: A value that builds config nodes from a string when it is resolved: what it builds is seen by no check.
+_BUILDS_NODES = re.compile(r"\$\{\s*oc\.(create|decode)\s*:")
+
+
+def _check_builds_no_node(value: object, where: str) -> None:
+    """Refuse a saved ``value`` that builds config nodes from a string (``${oc.create:...}``)."""
+    if isinstance(value, str) and _BUILDS_NODES.search(value):
+        raise ConfigValueError(
+            f"{where}: {value}: a saved value that builds config from a string (oc.create, oc.decode) could "
+            "name any target, and a run never saves one; this run folder was edited."
+        )
+
+
+def _scalars(node: yaml.Node | None) -> Iterator[tuple[object, int]]:
+    """Each scalar value (not key) in the YAML ``node``, with its line (1-based)."""
+    if isinstance(node, yaml.ScalarNode):
+        yield node.value, node.start_mark.line + 1
+    elif isinstance(node, yaml.MappingNode):
+        for _, value in node.value:
+            yield from _scalars(value)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            yield from _scalars(item)
 
 
 def _targets(node: yaml.Node | None) -> Iterator[tuple[object, int]]:
