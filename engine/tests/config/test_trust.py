@@ -1,6 +1,7 @@
 """What a run folder's saved files may build (:mod:`ddp_engine.config.trust`): the classes and
 functions of the trusted modules and of the task's, found by the object a name reaches, not its text."""
 
+import sys
 from dataclasses import replace
 
 import pytest
@@ -43,7 +44,9 @@ def test_a_task_names_the_modules_of_other_libraries_it_builds_from(monkeypatch,
     ("data: {x: 1}\nmodel: !!python/object/apply:os.system ['touch x']\n", "cannot be read as a run's config"),
     ("shared: &planted {_target_: os.system}\nmodel:\n  net: *planted\n", "_target_: os.system"),
     ("model:\n  <<: {_target_: os.system}\n", "_target_: os.system"),
-    ("model:\n  net: {_target_: torch.nn.Linear, _target_: os.system}\n", "cannot be read as a run's config"),
+    ("model:\n  net: {_target_: torch.nn.Linear, _target_: os.system}\n", "duplicate key"),
+    ("model: ${planted}\nplanted:\n  _target_: os.system\n", "model: a run saves its model as a node of its own"),
+    ("data: ${planted}\nplanted: {_target_: os.system}\n", "data: a run saves its data as a node of its own"),
     ("- model\n", "not a run's config"),
 ])  # fmt: skip
 def test_a_saved_config_that_hides_a_target_is_refused_in_one_line(tmp_path, text, refusal):
@@ -60,6 +63,7 @@ def test_a_saved_config_that_hides_a_target_is_refused_in_one_line(tmp_path, tex
     ("- [model=resnet]\n", "not an override"),
     ("- 'model.net=[unclosed'\n", "not an override"),
     ("- hydra.job.env_set.LD_PRELOAD=./x.so\n", "never set Hydra's own keys"),
+    ("- +launcher.env.PYTHONPATH=${hydra:runtime.output_dir}\n", "the environment of a run's processes"),
     ("- data=/tmp/planted\n", "never a path to a file"),
 ])  # fmt: skip
 def test_saved_overrides_that_reach_past_the_project_are_refused_in_one_line(tmp_path, text, refusal):
@@ -68,3 +72,14 @@ def test_saved_overrides_that_reach_past_the_project_are_refused_in_one_line(tmp
     with pytest.raises(ConfigValueError, match=refusal) as refused:
         check_saved_overrides(path)
     assert str(refused.value).startswith(f"{path}") and "\n" not in str(refused.value)
+
+
+def test_only_torchvisions_data_sets_download_idx_files():
+    """A data YAML's ``download`` (a run folder's too) names a class to import: torchvision's data sets only."""
+    from ddp_engine.vision.idx import import_class
+
+    imported = "this" in sys.modules
+    with pytest.raises(ValueError, match="is not a class of torchvision.datasets"):
+        import_class("this.Nothing")
+    assert ("this" in sys.modules) == imported, "nothing imported"
+    assert import_class("torchvision.datasets.MNIST").__name__ == "MNIST"

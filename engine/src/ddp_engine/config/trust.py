@@ -42,6 +42,9 @@ TRUSTED_MODULES = (
 #: The command-line key that trusts targets for one command (a list of names or module prefixes).
 TRUST_KEY = "trusted_targets"
 
+#: The key that sets the environment of a job's processes, which a saved override may not set.
+ENVIRONMENT_KEY = "launcher.env"
+
 #: The top-level keys of a run's saved config that eval, predict and export build from.
 BUILT_FROM_A_RUN = ("model", "data", "task")
 
@@ -73,6 +76,12 @@ def check_saved_config(path: Path, trusted: Sequence[str] = (), keys: Sequence[s
         raise ConfigValueError(f"{path}: not a run's config (a mapping of keys); this run folder was edited.")
     for key, node in root.value:
         if isinstance(key, yaml.ScalarNode) and key.value in keys:
+            if not isinstance(node, yaml.MappingNode):  # ${other}: resolved against this file, unchecked
+                where, name = f"{path}:{node.start_mark.line + 1}", key.value
+                raise ConfigValueError(
+                    f"{where}: {name}: a run saves its {name} as a node of its own, not a reference to another; "
+                    "this run folder was edited."
+                )
             for value, line in _scalars(node):
                 _check_builds_no_node(value, f"{path}:{line}")
             for target, line in _targets(node):
@@ -83,7 +92,8 @@ def check_saved_overrides(path: Path, trusted: Sequence[str] = (), given: Collec
     """Refuse the saved overrides at ``path`` (a run's ``.hydra/overrides.yaml``, put in front of a
     command line) where one whose key the command line does not set again (``given``) sets a
     ``_target_`` that is not trusted (:func:`check_target`), sets a key of Hydra's own (``hydra.*``:
-    Hydra records those in ``hydra.yaml``, and they can set the environment or the search path), or
+    Hydra records those in ``hydra.yaml``, and they can set the environment or the search path) or
+    the processes' environment (``launcher.env``: ``PYTHONPATH`` would import from the folder), or
     chooses a config by a path (``model=../../x``: Hydra would load that file) instead of an option's name.
 
     Raises:
@@ -110,6 +120,11 @@ def check_saved_overrides(path: Path, trusted: Sequence[str] = (), given: Collec
             raise ConfigValueError(
                 f"{where}: {text}: a run's saved overrides never set Hydra's own keys (Hydra keeps those "
                 "in hydra.yaml), so this run folder was edited. Give the key on the command line yourself."
+            )
+        if key == ENVIRONMENT_KEY or key.startswith(f"{ENVIRONMENT_KEY}."):
+            raise ConfigValueError(
+                f"{where}: {text}: the environment of a run's processes (PYTHONPATH, LD_PRELOAD ...) is "
+                "never taken from a run folder; give it on the command line yourself if you trust it."
             )
         value = None if override.is_delete() else override.value()
         if "." not in key:  # a config group's choice, or a top-level key
@@ -199,7 +214,8 @@ def _read(path: Path, kind: str) -> yaml.Node | None:
         OmegaConf.load(path)
     except Exception as error:  # YAML's errors, OmegaConf's, a file that is not text
         raise ConfigValueError(
-            f"{path}: cannot be read as a run's {kind} ({first_line(error)}); this run folder was edited or cut short."
+            f"{path}: cannot be read as a run's {kind} ({getattr(error, 'problem', None) or first_line(error)}); "
+            "this run folder was edited or cut short."
         ) from None
     return node
 

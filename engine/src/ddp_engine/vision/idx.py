@@ -37,13 +37,21 @@ MNIST_FILES = {
 }
 
 
+#: Where a class that downloads IDX files may come from: torchvision's data sets, nothing else is
+#: imported for a config's ``download`` (a run folder's saved config among them).
+DOWNLOADERS = "torchvision.datasets."
+
+
 def import_class(path: str) -> type:
-    """``"torchvision.datasets.MNIST"`` -> the class. (Hydra's ``get_class`` would do, but it logs
-    an error of its own before raising.)
+    """``"torchvision.datasets.MNIST"`` -> the class, for a path under :data:`DOWNLOADERS` only.
+    (Hydra's ``get_class`` would do, but it logs an error of its own before raising.)
 
     Raises:
-        ImportError, AttributeError, ValueError: for a path that names no class.
+        ImportError, AttributeError, ValueError: for a path that names no class, or one outside
+            torchvision's data sets (nothing is imported then).
     """
+    if not path.startswith(DOWNLOADERS):
+        raise ValueError(f"{path} is not a class of {DOWNLOADERS.rstrip('.')}")
     module, _, name = path.rpartition(".")
     found = getattr(importlib.import_module(module), name)
     if not isinstance(found, type):
