@@ -354,12 +354,21 @@ def test_eight_gpus_and_two_per_job_give_four_jobs_at_a_time_on_disjoint_gpus(mo
            "machine has 2 CPU cores."),
     (1, 1, "Jobs one after another, in this process: hydra.launcher.n_jobs=1."),
 ])  # fmt: skip
-def test_a_sweep_says_how_many_jobs_run_at_a_time_and_why(monkeypatch, caplog, tmp_path, devices, n_jobs, line):
+def test_a_sweep_says_how_many_jobs_run_at_a_time_and_why(monkeypatch, tmp_path, devices, n_jobs, line):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # this machine's 2 cores, wherever it runs
     trainer = {"accelerator": "cpu", "devices": devices}
     config = OmegaConf.create({"trainer": trainer, "launcher": {}, "hydra": {"overrides": {"hydra": []}}})
     planned = [PlannedJob(index, [f"seed={index}"], config, tmp_path / str(index)) for index in range(3)]
-    with caplog.at_level(logging.INFO, logger="ddp_engine.launch.sweep_launcher"):
+    # The launcher's own logger, whatever an earlier test's Hydra did to logging in this process.
+    logger, said = logging.getLogger("ddp_engine.launch.sweep_launcher"), []
+    handler = logging.Handler()
+    handler.emit = said.append
+    monkeypatch.setattr(logger, "disabled", False)
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    logger.addHandler(handler)
+    try:
         runs_side_by_side = parallel_jobs(planned, n_jobs)
-    assert [record.getMessage().strip() for record in caplog.records] == [line]
+    finally:
+        logger.removeHandler(handler)
+    assert [record.getMessage().strip() for record in said] == [line]
     assert (runs_side_by_side is not None) == line.startswith("2 jobs at a time")

@@ -85,7 +85,9 @@ def fit_and_test(cfg: DictConfig) -> dict:
         )
     ckpt_path = checkpoint_to_resume(cfg.ckpt_path, trainer)
     if restarts := launcher_restarts():
-        resume = {None: "Lightning's SLURM requeue checkpoint", "last": "the run's latest checkpoint"}
+        resume = {None: "Lightning's SLURM requeue checkpoint", "last": "the run's latest checkpoint (none yet)"}
+        if cfg.ckpt_path in (None, "last") and ckpt_path not in resume:
+            resume[ckpt_path] = f"the run's latest checkpoint, {ckpt_path}"
         info(f"Restart {restarts} of this job by its launcher: fit resumes from {resume.get(ckpt_path, ckpt_path)}")
 
     with stop_on_signals(trainer):
