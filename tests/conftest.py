@@ -2,13 +2,8 @@
 test files check, a local download mirror, a real checkpoint. The functions behind them, and every
 other helper a test imports, are in helpers.py."""
 
-import gzip
-import hashlib
-import http.server
 import os
 import subprocess
-import threading
-from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -17,6 +12,7 @@ from ddp_engine.api import register
 from ddp_engine.config.schema import register_configs
 from ddp_engine.models.build import build_model
 from ddp_engine.vision.idx import MNIST_FILES
+from ddp_engine.vision.mirror import local_mirror
 from helpers import (
     CONFIG_DIR,
     DETERMINISTIC,
@@ -26,7 +22,6 @@ from helpers import (
     TEST_SIZE,
     TRAIN_SIZE,
     VAL_SIZE,
-    MirrorHandler,
     make_synthetic_mnist,
     run_cli,
 )
@@ -137,21 +132,10 @@ def mirror(tmp_path, monkeypatch, synthetic_data_dir):
     mirrors serve them, with their MD5s patched into torchvision's resource list in this process:
     the real download path runs offline. Yields the mirror's URL and its handler class (whose
     ``cut_off`` cuts a file's transfer off)."""
-    mirror_dir = tmp_path / "mirror"
-    mirror_dir.mkdir()
-    resources = []
-    for name in MNIST_FILES.values():
-        archive = mirror_dir / f"{name}.gz"
-        archive.write_bytes(gzip.compress((synthetic_data_dir / "MNIST" / "raw" / name).read_bytes()))
-        resources.append((archive.name, hashlib.md5(archive.read_bytes()).hexdigest()))
-    handler = type("Handler", (MirrorHandler,), {})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(mirror_dir)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr(MNIST, "resources", resources)
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/", handler
-    finally:
-        server.shutdown()
+    with local_mirror(synthetic_data_dir / "MNIST" / "raw", MNIST_FILES.values(), tmp_path / "mirror") as served:
+        url, handler, resources = served
+        monkeypatch.setattr(MNIST, "resources", resources)
+        yield url, handler
 
 
 @pytest.fixture(scope="module")

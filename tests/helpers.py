@@ -6,7 +6,6 @@ Test modules import them with ``from helpers import ...``; the fixtures built on
 conftest.py (pytest finds those by name, a module never imports conftest).
 """
 
-import http.server
 import os
 import shutil
 import subprocess
@@ -195,27 +194,6 @@ def torchrun(*torchrun_args: str, overrides: tuple[str, ...], log_dir, timeout: 
 def simulated_slurm(bin_dir: Path, job_id: str, ntasks: int) -> dict[str, str]:
     """:func:`harness.simulated_slurm` with :func:`cli_env`."""
     return harness.simulated_slurm(bin_dir, job_id, ntasks, env=cli_env())
-
-
-class MirrorHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves a folder; the file named by ``cut_off`` is cut off half-way, as a dropped connection
-    cuts a transfer: the full Content-Length is announced, half the bytes sent, the connection closed."""
-
-    cut_off: str | None = None
-
-    def do_GET(self) -> None:
-        if self.cut_off is None or not self.path.endswith(self.cut_off):
-            return super().do_GET()
-        data = (Path(self.directory) / self.cut_off).read_bytes()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data[: len(data) // 2])
-        self.wfile.flush()
-        self.close_connection = True
-
-    def log_message(self, *args) -> None:
-        pass
 
 
 def assert_synthetic_files_in_place(data_dir: Path, synthetic_data_dir: Path) -> None:

@@ -8,15 +8,11 @@ The files are synthetic, MNIST-shaped: 1,200 training and 300 test images of 28x
 
 import contextlib
 import gzip
-import hashlib
-import http.server
 import os
 import re
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +22,7 @@ from torchvision.datasets import MNIST
 
 from ddp_engine.core.errors import DataFormatError, DataNotAvailableError
 from ddp_engine.vision.idx import MNIST_FILES, check_idx_split, ensure_idx_files, find_idx_file, read_idx_split
+from ddp_engine.vision.mirror import local_mirror
 
 TRAIN_IMAGES, TRAIN_LABELS = MNIST_FILES["train_images"], MNIST_FILES["train_labels"]
 TEST_IMAGES, TEST_LABELS = MNIST_FILES["test_images"], MNIST_FILES["test_labels"]
@@ -85,48 +82,16 @@ def copy_data(data_dir: Path, folder: Path) -> Path:
     return folder / "MNIST" / "raw"
 
 
-class MirrorHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves a folder; the file named by ``cut_off`` is cut off half-way, as a dropped connection
-    cuts a transfer: the full Content-Length is announced, half the bytes sent, the connection closed."""
-
-    cut_off: str | None = None
-
-    def do_GET(self) -> None:
-        if self.cut_off is None or not self.path.endswith(self.cut_off):
-            return super().do_GET()
-        data = (Path(self.directory) / self.cut_off).read_bytes()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data[: len(data) // 2])
-        self.wfile.flush()
-        self.close_connection = True
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 @pytest.fixture
 def mirror(tmp_path, monkeypatch, idx_data_dir):
     """The files served as an MNIST mirror over HTTP on 127.0.0.1, gzipped as the real mirrors serve
     them, with their MD5s patched into torchvision's resource list in this process: the real download
     path runs offline. Yields the mirror's URL and its handler class (whose ``cut_off`` cuts a file's
     transfer off)."""
-    mirror_dir = tmp_path / "mirror"
-    mirror_dir.mkdir()
-    resources = []
-    for name in MNIST_FILES.values():
-        archive = mirror_dir / f"{name}.gz"
-        archive.write_bytes(gzip.compress((idx_data_dir / "MNIST" / "raw" / name).read_bytes()))
-        resources.append((archive.name, hashlib.md5(archive.read_bytes()).hexdigest()))
-    handler = type("Handler", (MirrorHandler,), {})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(mirror_dir)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr(MNIST, "resources", resources)
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/", handler
-    finally:
-        server.shutdown()
+    with local_mirror(idx_data_dir / "MNIST" / "raw", MNIST_FILES.values(), tmp_path / "mirror") as served:
+        url, handler, resources = served
+        monkeypatch.setattr(MNIST, "resources", resources)
+        yield url, handler
 
 
 def assert_files_in_place(data_dir: Path, idx_data_dir: Path) -> None:
