@@ -7,12 +7,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_engine.core.errors import ConfigValueError
-from ddp_engine.distributed.layout import (
-    CPU_PROCESSES_WHEN_AUTO,
-    per_device_batch_size,
-    resolve_devices,
-    scale_learning_rate,
-)
+from ddp_engine.distributed.layout import resolve_devices
+from ddp_engine.distributed.layout_rules import CPU_PROCESSES_WHEN_AUTO, per_device_batch_size, scale_learning_rate
 from ddp_engine.distributed.options import CommHook
 from ddp_engine.distributed.strategy import CommHookDDPStrategy
 

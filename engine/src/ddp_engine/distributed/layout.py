@@ -7,23 +7,39 @@ of each global batch; gradients are averaged with AllReduce, so the optimizer st
 
 samples. The user sets the global batch size (what the learning rate is tuned for); this
 module derives the per-device batch size and refuses a global batch that does not split evenly.
+The rules that need neither torch nor Lightning are :mod:`ddp_engine.distributed.layout_rules`'s,
+imported here; this module adds what needs them (this machine's GPUs, a Trainer).
 """
 
-import math
 import os
 from typing import Any
 
 import torch
-from lightning.fabric.accelerators import CPUAccelerator, CUDAAccelerator
+from lightning.fabric.accelerators import CUDAAccelerator
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import OmegaConf
 
-from ddp_engine.core.errors import BatchSizeError, ConfigValueError
-from ddp_engine.distributed.options import LRScaling
+from ddp_engine.core.errors import ConfigValueError
+from ddp_engine.distributed.layout_rules import (
+    CPU_PROCESSES_WHEN_AUTO,
+    not_a_gpu_count,
+    parse_cpu_devices,
+    per_device_batch_size,
+    per_device_eval_batch_size,
+    scale_learning_rate,
+)
 
-#: Processes started on a machine without CUDA when ``trainer.devices=auto``, so that the default
-#: command runs real DDP (two gloo processes) on any machine.
-CPU_PROCESSES_WHEN_AUTO = 2
+__all__ = [
+    "CPU_PROCESSES_WHEN_AUTO",
+    "check_device_options",
+    "data_parallel_layout",
+    "per_device_batch_size",
+    "per_device_eval_batch_size",
+    "processes_per_node",
+    "resolve_devices",
+    "scale_learning_rate",
+    "uses_cuda",
+]
 
 
 def resolve_devices(accelerator: str, devices: Any) -> tuple[str, Any]:
@@ -52,8 +68,9 @@ def uses_cuda(accelerator: str) -> bool:
 
 def processes_per_node(accelerator: str, devices: Any) -> int:
     """The worker processes one node runs for ``trainer.accelerator`` / ``trainer.devices`` as
-    configured (after :func:`resolve_devices`), counted by Lightning's own accelerators
-    (``CUDAAccelerator.parse_devices``, ``CPUAccelerator.parse_devices``), so that the count is the
+    configured (after :func:`resolve_devices`), counted by Lightning's own rules
+    (``CUDAAccelerator.parse_devices``; on CPU :func:`~ddp_engine.distributed.layout_rules.parse_cpu_devices`,
+    Lightning's ``CPUAccelerator.parse_devices`` without its import), so that the count is the
     one the Trainer will use, and refused here, before any process starts, where they would refuse it.
 
     Raises:
@@ -65,10 +82,7 @@ def processes_per_node(accelerator: str, devices: Any) -> int:
     accelerator, devices = resolve_devices(accelerator, devices)
     devices = OmegaConf.to_container(devices) if OmegaConf.is_list(devices) else devices
     if not uses_cuda(accelerator):
-        try:
-            return CPUAccelerator.parse_devices(devices)
-        except TypeError:
-            raise ConfigValueError(f"trainer.devices={devices} is not a positive process count on CPU.") from None
+        return parse_cpu_devices(devices)
     visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
     seen = f"{torch.cuda.device_count()} visible" + (
         f" (CUDA_VISIBLE_DEVICES={visible_devices})" if visible_devices is not None else ""
@@ -88,79 +102,8 @@ def processes_per_node(accelerator: str, devices: Any) -> int:
     except TypeError:
         gpus = None
     if not gpus:
-        raise ConfigValueError(
-            f"trainer.devices={devices} is not a positive GPU count, a list of GPU indices, -1 or auto (every GPU)."
-        )
+        raise not_a_gpu_count(devices)
     return len(gpus)
-
-
-def per_device_batch_size(
-    global_batch_size: int, world_size: int, accumulate_grad_batches: int = 1, resume: bool = False
-) -> int:
-    """Samples one process puts through the model per forward/backward pass (one micro-batch).
-
-    Args:
-        global_batch_size: samples per optimizer step, summed over all processes (``data.global_batch_size``).
-        world_size: number of processes (replicas) in the process group, ``num_nodes * devices``.
-        accumulate_grad_batches: micro-batches accumulated per optimizer step (``trainer.accumulate_grad_batches``).
-        resume: whether the run resumes from a checkpoint (``ckpt_path``; default False): the message
-            then also names the world sizes that split the global batch, which a resume in place keeps.
-
-    Raises:
-        BatchSizeError: (a ValueError) if any argument is not an integer or is below 1 (a data config
-            without a schema types none of its keys), or ``global_batch_size`` is not divisible by
-            ``world_size * accumulate_grad_batches``; the message names the nearest valid sizes (and
-            with ``resume`` the world sizes that split ``global_batch_size``).
-    """
-    for name, value in [
-        ("data.global_batch_size", global_batch_size),
-        ("world_size", world_size),
-        ("trainer.accumulate_grad_batches", accumulate_grad_batches),
-    ]:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise BatchSizeError(f"{name}={value} must be a whole number of samples (at least 1).")
-        if value < 1:
-            raise BatchSizeError(f"{name} must be at least 1, got {value}.")
-    split = world_size * accumulate_grad_batches
-    if global_batch_size % split:
-        lower = max(split, global_batch_size // split * split)
-        problem = (
-            f"data.global_batch_size={global_batch_size} does not split evenly over world_size={world_size} "
-            f"processes x trainer.accumulate_grad_batches={accumulate_grad_batches}: it must be a multiple of {split}."
-        )
-        fix = f"Use data.global_batch_size={lower} or {lower + split}"
-        if not resume:
-            raise BatchSizeError(f"{problem} {fix}.")
-        # A resume in place keeps the run's global batch and accumulation (config/resume.py): then
-        # only the world size can change.
-        fits = [
-            size
-            for size in range(1, global_batch_size + 1)
-            if global_batch_size % (size * accumulate_grad_batches) == 0
-        ]
-        sizes = ", ".join(map(str, fits[:8])) + (", ..." if len(fits) > 8 else "")
-        raise BatchSizeError(
-            f"{problem} {fix}, or, to resume a run in place (it keeps its global batch), a world size "
-            f"(trainer.num_nodes x trainer.devices) of {sizes}."
-        )
-    return global_batch_size // split
-
-
-def per_device_eval_batch_size(global_batch_size: int, world_size: int) -> int:
-    """Samples one process evaluates per batch: ``ceil(global_batch_size / world_size)``.
-
-    Evaluation takes no optimizer step, so the global batch need not split evenly over the
-    processes (and each sample is evaluated once whatever the batch size: the unpadded sampler of
-    :class:`~ddp_engine.data.sharded.ShardedDataModule`). In training, where the global batch
-    splits evenly, it is the training micro-batch times ``accumulate_grad_batches``.
-
-    Raises:
-        BatchSizeError: if either argument is below 1.
-    """
-    for name, value in [("data.global_batch_size", global_batch_size), ("world_size", world_size)]:
-        if value < 1:
-            raise BatchSizeError(f"{name} must be at least 1, got {value}.")
-    return -(-global_batch_size // world_size)
 
 
 def data_parallel_layout(trainer: Any, global_batch_size: int, evaluation: bool = False) -> dict[str, int]:
@@ -187,36 +130,6 @@ def data_parallel_layout(trainer: Any, global_batch_size: int, evaluation: bool 
         "per_device_batch_size": per_device_batch_size(global_batch_size, world_size, accumulate),
         "accumulate_grad_batches": accumulate,
     }
-
-
-def scale_learning_rate(
-    lr: float | None, global_batch_size: int, reference_batch_size: int | None, rule: str
-) -> float | None:
-    """The learning rate for ``global_batch_size``, given ``lr`` (``model.optimizer.lr``; None for a
-    model config without one) tuned at ``reference_batch_size`` (None: not known); ``lr`` itself for
-    ``rule`` ``none``.
-
-    Raises:
-        ConfigValueError: if ``rule`` is not an :class:`LRScaling`, or scales a rate or from a batch
-            that is not known, or ``reference_batch_size < 1``.
-    """
-    try:
-        rule = LRScaling(rule)
-    except ValueError:
-        raise ConfigValueError(f"lr_scaling.rule={rule} is not one of: none, linear, sqrt.") from None
-    if rule is LRScaling.none:
-        return lr
-    if lr is None:
-        raise ConfigValueError(f"lr_scaling.rule={rule.value} scales model.optimizer.lr, which this model has not.")
-    if reference_batch_size is None:
-        raise ConfigValueError(
-            f"lr_scaling.rule={rule.value} scales model.optimizer.lr from the global batch it was tuned at: "
-            "set lr_scaling.reference_batch_size (in the task's conf/config.yaml or on the command line)."
-        )
-    if reference_batch_size < 1:
-        raise ConfigValueError(f"lr_scaling.reference_batch_size={reference_batch_size} must be at least 1.")
-    ratio = global_batch_size / reference_batch_size
-    return lr * {LRScaling.linear: ratio, LRScaling.sqrt: math.sqrt(ratio)}[rule]
 
 
 #: ``trainer.precision`` values that need CUDA: fp16 automatic mixed precision (its GradScaler).
