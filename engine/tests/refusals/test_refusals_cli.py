@@ -97,11 +97,19 @@ def test_a_read_only_log_folder_is_refused(sensor_data):
 )  # fmt: skip
 def test_a_typo_is_refused_before_torch_is_imported(module, typos, error, tmp_path):
     # The keys are checked with Hydra alone (config/compose.py): torch and Lightning take seconds.
-    files, log_dir = tmp_path / "files", tmp_path / "logs"
+    files = tmp_path / "files"
     files.mkdir()
     for name in ("last.ckpt", "last.onnx"):  # their contents are read only after torch is imported
         (files / name).write_bytes(b"not read")
-    command = cli_command(module, *(typo.format(files=files) for typo in typos), log_dir=log_dir)
+    assert_refused_without_torch(module, [typo.format(files=files) for typo in typos], error.format(files=files),
+                                 tmp_path / "logs")  # fmt: skip
+    assert sorted(path.name for path in files.iterdir()) == ["last.ckpt", "last.onnx"]
+
+
+def assert_refused_without_torch(module: str, overrides: list[str], message: str, log_dir: Path) -> None:
+    """``python -m <module>`` with ``overrides`` exits with status 1 and the one line ``Error: <message>...``,
+    writes nothing under ``log_dir``, and never imports torch or Lightning (``python -X importtime``)."""
+    command = cli_command(module, *overrides, log_dir=log_dir)
     command[1:1] = ["-X", "importtime"]  # Python lists every module it imports on stderr
     result = subprocess.run(command, cwd=HERE, env=cli_env(), capture_output=True, text=True, timeout=120)
     imported = {
@@ -109,9 +117,26 @@ def test_a_typo_is_refused_before_torch_is_imported(module, typos, error, tmp_pa
     }
     assert "hydra" in imported and "torch" not in imported and "lightning" not in imported
     errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
-    assert result.returncode == 1 and errors[0].startswith(f"Error: {error.format(files=files)}"), errors
+    assert result.returncode == 1 and errors[0].startswith(f"Error: {message}"), errors
     assert len(errors) == 1 and not log_dir.exists(), "one line, nothing written"
-    assert sorted(path.name for path in files.iterdir()) == ["last.ckpt", "last.onnx"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # torch's own words (torch.optim.AdamW refuses it so): config/test_early_checks.py holds each rule to torch.
+        (["model.optimizer.lr=-1"],
+         "model.optimizer: Invalid learning rate: -1 (its arguments: model.optimizer.lr=-1)."),
+        (["trainer.accelerator=cpu", "trainer.devices=0"], "trainer.devices=0 is not a positive process count on CPU."),
+        (["trainer.accelerator=cpu", "trainer.devices=2", "data.global_batch_size=127"],
+         "data.global_batch_size=127 does not split evenly over world_size=2 processes x "
+         "trainer.accumulate_grad_batches=1: it must be a multiple of 2. Use data.global_batch_size=126 or 128."),
+        (["trainer.num_nodes=0"], "trainer.num_nodes=0 must be at least 1."),
+    ],
+)  # fmt: skip
+def test_a_value_that_needs_no_torch_to_refuse_is_refused_before_torch_is_imported(overrides, message, tmp_path):
+    # The image task: its data set's keys are typed by a schema, so composing imports no torch either.
+    assert_refused_without_torch("vision_task.train", ["data.root=/x", *overrides], message, tmp_path / "logs")
 
 
 # --- a refused command line -------------------------------------------------------------------

@@ -4,8 +4,9 @@ Hydra makes the run directory before it calls the task function, and the job's p
 after that. A bad command line is refused before both, as one line that names the key, what is
 wrong, and what is allowed. Its keys and types are checked first, without torch or Lightning
 (:mod:`ddp_engine.config.compose`), and so are the paths that name nothing
-(:func:`ddp_engine.config.command_line.check_paths`); then, for each job of the command line (a ``-m`` sweep
-expands into several):
+(:func:`ddp_engine.config.command_line.check_paths`) and the values that need neither torch nor
+Lightning (:mod:`ddp_engine.config.early_checks`, whose rules this module applies again); then, for
+each job of the command line (a ``-m`` sweep expands into several):
 
 1. the objects that are cheap to build are built, so that their own checks run: DataModule,
    model (and its optimizer and scheduler), strategy, callbacks;
@@ -38,6 +39,13 @@ from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElastic
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ddp_engine.config.compose import Job, child_config, sweep_jobs, task_overrides
+from ddp_engine.config.early_checks import (
+    check_max_epochs,
+    check_num_nodes,
+    check_submitted_devices,
+    optimizer_refusal,
+    submitted_to_slurm,
+)
 from ddp_engine.config.saved_run import CHECKPOINT_USES, apply_run_settings
 from ddp_engine.config.task_commands import check_task_has, imported, task_command
 from ddp_engine.core.environment import external_launcher, launched_externally, launcher_rank, launcher_restarts
@@ -45,14 +53,8 @@ from ddp_engine.core.errors import ConfigValueError, UsageError, first_line
 from ddp_engine.core.files import check_writable
 from ddp_engine.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, restart_hint, run_status
 from ddp_engine.distributed.checkpoint_io import check_checkpoint
-from ddp_engine.distributed.layout import (
-    check_device_options,
-    per_device_batch_size,
-    processes_per_node,
-    resolve_devices,
-    scale_learning_rate,
-    uses_cuda,
-)
+from ddp_engine.distributed.layout import check_device_options, processes_per_node, resolve_devices, uses_cuda
+from ddp_engine.distributed.layout_rules import per_device_batch_size, scale_learning_rate
 from ddp_engine.launch.supervisor import check_rendezvous_address, check_run_dir_free
 from ddp_engine.launch.sweep_launcher import hold_sweep
 from ddp_engine.loggers.trackers import check_tracker_packages
@@ -86,7 +88,7 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
     # Before _output_dir drops the hydra node.
     sweeper = OmegaConf.to_container(jobs[0].cfg.hydra.sweeper, resolve=False)
     # hydra/launcher=slurm: the jobs run on the cluster's nodes, where SLURM starts their processes.
-    submitted = jobs[0].multirun and jobs[0].cfg.hydra.launcher.get("_target_") == SLURM_LAUNCHER
+    submitted = submitted_to_slurm(jobs)
     for job in jobs:
         output_dir = _output_dir(job)
         cfg = job.cfg
@@ -326,8 +328,6 @@ def basic_sweeper() -> str:
 SEARCH_SWEEPER = "hydra_plugins.ddp_engine_sweeper.ResumableOptunaSweeper"
 #: The settings of a search that a continued search may change: how many trials in all, and at once.
 SEARCH_EXTENT = ("n_trials", "n_jobs")
-#: The launcher that submits a sweep's jobs to SLURM (hydra/launcher=slurm): they run on other machines.
-SLURM_LAUNCHER = "hydra_plugins.ddp_engine_slurm_launcher.SlurmSweepLauncher"
 
 
 def check_sweep_dir(sweep_dir: Path, overrides: Sequence[str], resume: bool, sweeper: dict) -> None:
@@ -461,19 +461,9 @@ def check_job(cfg: DictConfig, training: bool = True, submitted: bool = False) -
     built = build_groups(cfg, ("data", "strategy", "callbacks"))
     accelerator, _ = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
     cuda = uses_cuda(accelerator)
-    if cfg.trainer.num_nodes < 1:
-        raise ConfigValueError(f"trainer.num_nodes={cfg.trainer.num_nodes} must be at least 1.")
-    if cfg.trainer.num_nodes > 1 and not launched_externally() and not submitted:
-        raise ConfigValueError(
-            f"trainer.num_nodes={cfg.trainer.num_nodes}: a run on several machines needs a launcher on each, "
-            "torchrun or SLURM (engine/docs/scaling-out.md). On one machine, leave trainer.num_nodes=1."
-        )
+    check_num_nodes(cfg.trainer.num_nodes, submitted)
     if submitted:
-        if not isinstance(cfg.trainer.devices, int) or cfg.trainer.devices < 1:
-            raise ConfigValueError(
-                f"trainer.devices={cfg.trainer.devices}: hydra/launcher=slurm submits each job with trainer.devices "
-                "tasks per node, a number: set trainer.devices=<GPUs per node> (or processes per CPU node)."
-            )
+        check_submitted_devices(cfg.trainer.devices)
         devices_per_node = cfg.trainer.devices
     else:
         devices_per_node = processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices)
@@ -545,11 +535,7 @@ def check_schedule(cfg: DictConfig, model: L.LightningModule, model_cfg: DictCon
     Raises:
         ConfigValueError: naming the key and torch's reason.
     """
-    trainer = cfg.trainer
-    if trainer.max_epochs == 0 or trainer.max_epochs < -1:
-        raise ConfigValueError(
-            f"trainer.max_epochs={trainer.max_epochs} trains nothing: set at least 1 (or -1 with trainer.max_steps)."
-        )
+    check_max_epochs(cfg.trainer.max_epochs)
     lr = optimizer_lr(model_cfg)
     scale_learning_rate(lr, cfg.data.global_batch_size, cfg.lr_scaling.reference_batch_size, cfg.lr_scaling.rule)
     if model_cfg.get("optimizer") is None:
@@ -559,9 +545,7 @@ def check_schedule(cfg: DictConfig, model: L.LightningModule, model_cfg: DictCon
         optimizer = instantiate(model_cfg.optimizer)(params=model.parameters())
     except (ValueError, TypeError) as error:
         # torch names the argument in its own words ("Invalid learning rate: -1"): show the keys too.
-        arguments = model_cfg.optimizer.items()
-        given = ", ".join(f"model.optimizer.{key}={value}" for key, value in arguments if key[0] != "_")
-        raise ConfigValueError(f"model.optimizer: {error} (its arguments: {given}).") from None
+        raise optimizer_refusal(model_cfg.optimizer, error) from None
     try:
         scheduler = instantiate(model_cfg.scheduler) if model_cfg.get("scheduler") is not None else None
         build_lr_scheduler(scheduler, optimizer, total_steps=1)  # the run's step count is known only once it runs

@@ -1,9 +1,11 @@
 """The command line of ``python -m <package>.<train|eval|predict|export>``: checked, then run.
 
 The check comes in two steps, both before Hydra creates a run directory and before any process
-starts. First the keys and types (:mod:`ddp_engine.config.compose`), with Hydra and OmegaConf alone:
-torch and Lightning take seconds to import, and a typo is refused in about a second. Then the
-values that need objects built (:mod:`ddp_engine.config.checks`), once those imports are done.
+starts. First the keys and types (:mod:`ddp_engine.config.compose`) and the values that need
+neither torch nor Lightning (:mod:`ddp_engine.config.early_checks`), with Hydra and OmegaConf alone:
+torch and Lightning take seconds to import, and a typo or a value those rules refuse is refused in
+about a second. Then the values that need objects built (:mod:`ddp_engine.config.checks`), once
+those imports are done.
 """
 
 import logging
@@ -19,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from ddp_engine.config.compose import Job, composed_jobs, with_trainer_arguments
+from ddp_engine.config.early_checks import check_jobs_early
 from ddp_engine.config.resume import in_place_run_dir, override_key, resume_arguments
 from ddp_engine.config.saved_run import CHECKPOINT_USES, apply_run_settings, run_data_option
 from ddp_engine.config.schema import register_configs
@@ -203,10 +206,11 @@ class CheckedCommand:
 
 def check_command_line(config_name: str, args: Sequence[str], task: str | None = None) -> CheckedCommand | None:
     """Check every job that ``args`` (Hydra's command-line arguments) would run: its keys and
-    types here (:func:`composed_jobs`) and its paths (:func:`check_paths`), then its values
-    (:func:`ddp_engine.config.checks.check_jobs`). Between the two, for a single run that starts
-    its workers on this machine, the workers' forkserver starts importing the module of ``task``
-    (:func:`task_function`)
+    types here (:func:`composed_jobs`), its paths (:func:`check_paths`) and the values that need
+    neither torch nor Lightning (:func:`~ddp_engine.config.early_checks.check_jobs_early`), then its
+    values with the objects built (:func:`ddp_engine.config.checks.check_jobs`). Between the two,
+    for a single run that starts its workers on this machine, the workers' forkserver starts
+    importing the module of ``task`` (:func:`task_function`)
     (:func:`ddp_engine.launch.supervisor.preload_workers`; a sweep's launcher starts it with its
     first job's workers, when its jobs run in this process).
 
@@ -224,6 +228,7 @@ def check_command_line(config_name: str, args: Sequence[str], task: str | None =
     named_run_dir = _named_run_dir(jobs)
     for job in jobs:
         check_paths(config_name, job.cfg)
+    check_jobs_early(config_name, jobs)
     function = task_function(jobs[0].cfg, task) if task is not None and jobs else None
     if function is not None and len(jobs) == 1 and not jobs[0].multirun and not launched_externally():
         from ddp_engine.launch.supervisor import preload_workers
