@@ -30,6 +30,8 @@ from ddp_engine.vision.idx import (
 from ddp_engine.vision.spec import DataSpec
 from typing_extensions import override
 
+from mnist_ddp.splits import check_val_size
+
 #: Mean and standard deviation of the MNIST training pixels on a 0..1 scale (over all 60,000
 #: training images; the figures used by PyTorch's examples/mnist).
 MNIST_MEAN = 0.1307
@@ -183,8 +185,4 @@ class MNISTDataModule(ClassificationDataModule):
         self._check_split_sizes(train_count)
 
     def _check_split_sizes(self, train_count: int) -> None:
-        if not 0 < self.hparams.val_size < train_count:
-            raise ConfigValueError(
-                f"data.val_size={self.hparams.val_size} must be between 1 and {train_count - 1} "
-                f"(the training split has {train_count} images)."
-            )
+        check_val_size(self.hparams.val_size, train_count)

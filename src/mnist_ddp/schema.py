@@ -5,11 +5,15 @@ Hydra's ConfigStore before it composes a config.
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from ddp_engine.vision import schema as vision_schema
+from ddp_engine.vision.idx_format import LABELS_KIND, check_idx_file, find_idx_file
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
+
+from mnist_ddp.splits import check_val_size
 
 
 @dataclass
@@ -38,6 +42,25 @@ class IDXDataConfig(vision_schema.DataConfig):
     image_size: list[int] = MISSING
     mean: float = MISSING
     std: float = MISSING
+
+    @staticmethod
+    def check_values(node: DictConfig) -> None:
+        """Refuse ``data.val_size`` against the training split's size in its labels file's header,
+        before torch is imported; nothing when the file is not there yet (it is downloaded, then
+        checked, later: :meth:`mnist_ddp.data.MNISTDataModule.check_splits`).
+
+        Raises:
+            ConfigValueError: naming ``data.val_size`` and the training split's size.
+            DataNotAvailableError, DataFormatError: for a labels file that cannot be read or is broken.
+        """
+        try:
+            labels = find_idx_file(Path(node.data_dir) / node.subdir, node.files.train_labels)
+            present = labels.is_file()
+        except PermissionError:  # an unreadable folder: named when the files are checked
+            return
+        if present:
+            (train_count,) = check_idx_file(labels, 1, LABELS_KIND)
+            check_val_size(node.val_size, train_count)
 
 
 def register_schemas(store: ConfigStore) -> None:

@@ -1,10 +1,12 @@
-"""The data from the command line: a data folder this user cannot read is named with the fix, and
-``python -m mnist_ddp.download`` fetches from a mirror or says in one line that it cannot.
+"""The data from the command line: a data folder this user cannot read is named with the fix, a
+validation split the training labels file's header rules out is refused before torch is imported,
+and ``python -m mnist_ddp.download`` fetches from a mirror or says in one line that it cannot.
 
 (Broken files, missing files and interrupted downloads are checked in process: data/test_data.py;
 the download command's fetch from a mirror: data/test_download_cli.py.)
 """
 
+import gzip
 import os
 import shutil
 import subprocess
@@ -13,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import copy_data, run_cli
+from helpers import REPO, cli_command, cli_env, copy_data, run_cli
 
 pytestmark = pytest.mark.processes
 
@@ -68,3 +70,28 @@ def test_missing_data_without_network_is_one_error_before_anything_is_written(tm
     assert "Traceback" not in output
     assert not data_dir.exists(), "no partial file or empty folder may be left"
     assert not (tmp_path / "logs").exists(), "checked with the command line: no run directory, no process"
+
+
+@pytest.mark.parametrize("gzipped", [False, True], ids=["uncompressed", "gzipped"])
+def test_a_validation_split_larger_than_the_labels_file_holds_is_refused_before_torch_is_imported(
+    synthetic_data_dir, tmp_path, gzipped
+):
+    # The training labels file's header holds the count (1,200 here): the data set's schema reads it
+    # before torch and Lightning are imported (IDXDataConfig.check_values).
+    raw = copy_data(synthetic_data_dir, tmp_path / "data")
+    if gzipped:
+        labels = raw / "train-labels-idx1-ubyte"
+        (raw / f"{labels.name}.gz").write_bytes(gzip.compress(labels.read_bytes()))
+        labels.unlink()
+    log_dir = tmp_path / "logs"
+    command = cli_command(f"data.data_dir={tmp_path / 'data'}", "data.val_size=1200", log_dir=log_dir)
+    command[1:1] = ["-X", "importtime"]  # Python lists every module it imports on stderr
+    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert "hydra" in imported and "torch" not in imported and "lightning" not in imported
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert result.returncode == 1
+    assert errors == ["Error: data.val_size=1200 must be between 1 and 1199 (the training split has 1200 images)."]
+    assert not log_dir.exists(), "nothing written"
