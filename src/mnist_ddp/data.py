@@ -59,7 +59,7 @@ class MNISTDataModule(ClassificationDataModule):
             ``test_images``, ``test_labels`` (default :data:`~ddp_engine.vision.idx.MNIST_FILES`).
             Images ``(N, H, W)`` uint8 (``image_size``), labels ``(N,)`` uint8. Each is
             read uncompressed or as shipped, ``<name>.gz`` (the uncompressed one when both are
-            there; see :func:`~ddp_engine.vision.idx.find_idx_file`).
+            there; see :func:`~ddp_engine.vision.idx_format.find_idx_file`).
         download: import path of the torchvision class that downloads missing files (default
             ``torchvision.datasets.MNIST``; ``FashionMNIST`` or ``KMNIST`` for those), or None
             for a data set that cannot be downloaded.
@@ -179,7 +179,7 @@ class MNISTDataModule(ClassificationDataModule):
 
         Raises:
             ConfigValueError: naming ``data.val_size`` and the training split's size.
-            DataNotAvailableError, DataFormatError: see :func:`~ddp_engine.vision.idx.check_idx_file`.
+            DataNotAvailableError, DataFormatError: see :func:`~ddp_engine.vision.idx_format.check_idx_file`.
         """
         (train_count,) = check_idx_file(self._split_files("train")[1], 1, LABELS_KIND)
         self._check_split_sizes(train_count)

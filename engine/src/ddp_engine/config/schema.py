@@ -128,7 +128,7 @@ class StrategyConfig:
 class LRScalingConfig:
     """``lr_scaling``: ``model.optimizer.lr`` is the rate at ``reference_batch_size`` (the task's; None:
     not known, and a ``rule`` other than ``none`` is refused); see
-    :func:`ddp_engine.distributed.layout.scale_learning_rate`."""
+    :func:`ddp_engine.distributed.layout_rules.scale_learning_rate`."""
 
     rule: LRScaling = MISSING
     reference_batch_size: int | None = MISSING

@@ -1,8 +1,8 @@
 """The names the config chooses among for the distributed options: ``strategy.comm_hook`` and
 ``lr_scaling.rule``.
 
-Apart from the code that acts on them (:mod:`ddp_engine.distributed.strategy`,
-:mod:`ddp_engine.distributed.layout`, which import torch and Lightning) so that the config schema
+Apart from the code that acts on them (:mod:`ddp_engine.distributed.strategy`, which imports torch
+and Lightning; :mod:`ddp_engine.distributed.layout_rules`) so that the config schema
 (:mod:`ddp_engine.config.schema`) types its fields with them, and refuses any other name, without
 those imports.
 """
@@ -22,7 +22,7 @@ class CommHook(str, Enum):
 
 class LRScaling(str, Enum):
     """How the learning rate follows the global batch size (``lr_scaling.rule``;
-    :func:`ddp_engine.distributed.layout.scale_learning_rate` applies it).
+    :func:`ddp_engine.distributed.layout_rules.scale_learning_rate` applies it).
 
     - ``none``: ``model.optimizer.lr`` as configured.
     - ``linear``: lr x global / reference (Goyal et al., 2017, https://arxiv.org/abs/1706.02677).
