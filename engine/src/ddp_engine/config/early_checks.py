@@ -261,8 +261,12 @@ def check_data_values(data: DictConfig) -> None:
         UsageError: the schema's, as one line.
     """
     check = getattr(OmegaConf.get_type(data), "check_values", None) if isinstance(data, DictConfig) else None
-    if check is not None:
+    if check is None:
+        return
+    try:
         check(data)
+    except OmegaConfBaseException:  # a value that resolves once the run directory is known: checked then
+        return
 
 
 #: A value that cannot be read before the objects are built (an interpolation that does not resolve).
