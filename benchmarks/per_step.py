@@ -15,8 +15,8 @@ there; ``--gpu`` insists on them, one process per GPU), for ``--steps`` optimize
    ``trainer.limit_train_batches``.
 
 Each for two models: ``tiny`` (Flatten + Linear 784 -> 10, ``model=mlp model.net.hidden=[]
-model.net.dropout=0``), too small to hide anything, and ``cnn`` (the fast recipe's,
-``experiment=fast``). Each run takes ``--warmup`` steps more, left out of its figure: rank 0 times
+model.net.dropout=0``), too small to hide anything, and ``cnn`` (the default recipe's,
+``conf/model/cnn.yaml``). Each run takes ``--warmup`` steps more, left out of its figure: rank 0 times
 its training loop from the start of the first step after the warm-up to the end of the last
 optimizer step (:class:`benchmarks.probe.LoopTimer`, and the reference's own timer), so what runs
 once (the first step's allocations, the template's input-batch figure, a GPU's compilation) stays
@@ -49,7 +49,7 @@ GLOBAL_BATCH = 64
 #: The template's per-step target: at most this times plain Lightning's.
 TARGET_VS_LIGHTNING = 1.05
 #: The template's overrides for each model, as a user would give them.
-TEMPLATE_MODEL = {"tiny": ["model=mlp", "model.net.hidden=[]", "model.net.dropout=0"], "cnn": ["experiment=fast"]}
+TEMPLATE_MODEL = {"tiny": ["model=mlp", "model.net.hidden=[]", "model.net.dropout=0"], "cnn": []}
 #: ``--gpu``: the template's device and backend named, not left to ``auto``, so that a run that does
 #: not get the GPUs fails instead of timing CPUs. The reference and plain Lightning take the GPUs
 #: whenever CUDA is there, over NCCL (their own choice, as a hand-written program's).
@@ -68,10 +68,11 @@ def command(program: str, model: str, run_dir: Path, data_dir: Path, options: ar
     if program == "raw":
         reference = str(REPO / "benchmarks" / "reference_ddp.py")
         return [*torchrun(nproc), reference, "--data-dir", str(data_dir), "--model", model, "--gather",
-                "--limit-train-batches", steps, "--out", str(run_dir / "loop-timer-rank0.json")]  # fmt: skip
+                "--global-batch-size", str(GLOBAL_BATCH), "--limit-train-batches", steps,
+                "--out", str(run_dir / "loop-timer-rank0.json")]  # fmt: skip
     if program == "lightning":
         return [*torchrun(nproc), "-m", "benchmarks.plain_lightning", "--data-dir", str(data_dir), "--model", model,
-                "--steps", steps, "--out-dir", str(run_dir)]  # fmt: skip
+                "--global-batch-size", str(GLOBAL_BATCH), "--steps", steps, "--out-dir", str(run_dir)]  # fmt: skip
     without = [f"~callbacks.{options.without}"] if program == "template-without" else []
     return [sys.executable, "-m", "mnist_ddp.train", *TEMPLATE_MODEL[model], *(TEMPLATE_GPU if options.gpu else []),
             *without,

@@ -5,7 +5,7 @@ sizes, each with the plain AllReduce and the fp16 and PowerSGD communication hoo
 
 Weak scaling, as DDP is used: every process trains ``--per-device-batch`` samples per step (default
 32), so the global batch is W times that. Each run is the template's command as a user runs it
-(``python -m mnist_ddp.train experiment=fast``; with ``--gpu`` the GPU recipe over NCCL, one process
+(``python -m mnist_ddp.train`` with the CNN of :data:`CNN`; with ``--gpu`` the GPU recipe over NCCL, one process
 per GPU) for ``--warmup`` + ``--steps`` optimizer steps (the step count set by
 ``trainer.limit_train_batches``). Its figures:
 
@@ -43,13 +43,16 @@ from benchmarks.run import REPO, checked_data_dir, harness_env, publish, refuse_
 
 SCALING_START, SCALING_END = "<!-- scaling results: start -->", "<!-- scaling results: end -->"
 HOOKS = ("none", "fp16", "powersgd")
+#: The network every run trains: the CNN with BatchNorm (5x5 convs of 32 and 64 channels, hidden 128,
+#: 739,112 gradient bytes), large enough for its AllReduce to show.
+CNN = ["model.net.channels=[32,64]", "model.net.hidden=128", "model.net.batch_norm=true", "model.net.dropout=0.25"]
 #: Steps between two logged windows of the step anatomy (the Trainer's ``log_every_n_steps``).
 WINDOW = 10
 
 
 def command(world_size: int, hook: str, run_dir: Path, data_dir: Path, options: argparse.Namespace) -> list[str]:
     """The template's command for one run: ``world_size`` processes, communication hook ``hook``."""
-    recipe = ["experiment=fast_gpu", *TEMPLATE_GPU] if options.gpu else ["experiment=fast"]
+    recipe = [*CNN, "experiment=fast_gpu", *TEMPLATE_GPU] if options.gpu else CNN
     return [
         sys.executable, "-m", "mnist_ddp.train", *recipe, f"trainer.devices={world_size}",
         f"strategy.comm_hook={hook}", f"data.global_batch_size={world_size * options.per_device_batch}",

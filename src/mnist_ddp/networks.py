@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 
 class CNN(nn.Module):
-    """Two 5x5 conv blocks and a two-layer classifier head (about 0.18 M parameters on MNIST by default).
+    """Two 5x5 conv blocks and a two-layer classifier head (about 0.15 M parameters on MNIST by default).
 
     Shapes: input ``(N, C, H, W)`` float32 -> conv/[BatchNorm]/ReLU/max-pool ``(N, c1, (H - 4) // 2,
     (W - 4) // 2)`` -> conv/[BatchNorm]/ReLU/max-pool ``(N, c2, h, w)`` with ``h = ((H - 4) // 2 - 4) // 2``
@@ -23,10 +23,10 @@ class CNN(nn.Module):
         in_channels: ``C``, channels of the input images (from the data).
         image_size: ``(H, W)`` of the input images in pixels (from the data); at least 16 each.
         num_classes: logits out (from the data).
-        channels: output channels ``(c1, c2)`` of the two conv layers (default ``(32, 64)``).
-        hidden: width of the hidden linear layer (default 128).
-        dropout: dropout probability before the last layer (default 0.5; 0 makes the net
-            deterministic, as the DDP equivalence checks need).
+        channels: output channels ``(c1, c2)`` of the two conv layers (default ``(24, 32)``).
+        hidden: width of the hidden linear layer (default 256).
+        dropout: dropout probability before the last layer (default 0: the net is deterministic,
+            as the DDP equivalence checks need).
         batch_norm: BatchNorm2d after each conv (default False). Under DDP each process normalizes
             with its own micro-batch's statistics unless ``trainer.sync_batchnorm=true`` (GPUs only).
 
@@ -40,9 +40,9 @@ class CNN(nn.Module):
         in_channels: int,
         image_size: Sequence[int],
         num_classes: int,
-        channels: Sequence[int] = (32, 64),
-        hidden: int = 128,
-        dropout: float = 0.5,
+        channels: Sequence[int] = (24, 32),
+        hidden: int = 256,
+        dropout: float = 0.0,
         batch_norm: bool = False,
     ) -> None:
         super().__init__()

@@ -32,7 +32,7 @@ from benchmarks.run import ROWS, report
 pytestmark = pytest.mark.processes
 
 STEPS, WARMUP = 4, 2  # optimizer steps per run in the smoke test: timed, and run before them
-GLOBAL_BATCH = 64  # the fast recipe's
+GLOBAL_BATCH = 64  # per_step.GLOBAL_BATCH
 
 
 def table_rows(markdown: str, first_cell: str) -> list[str]:
@@ -49,7 +49,7 @@ def number(cell: str) -> float:
 
 
 def run_harness(tmp_path: Path, module: str, markers: tuple[str, str], *args: str) -> tuple[str, Path]:
-    """Run ``python -m <module>`` on synthetic data (the 5,000 validation images the fast recipe and
+    """Run ``python -m <module>`` on synthetic data (the 5,000 validation images the default recipe and
     the reference hold out, plus 640 to train on) with ``args``, into a page with ``markers``.
 
     Returns:
@@ -138,7 +138,7 @@ def test_folder_pipeline_tables_hold_each_loaders_positive_figures(synthetic_dat
     runs = {program: [dict.fromkeys((row[0] for row in ROWS), 1.0)] for program in ("reference", "template")}
     options = argparse.Namespace(seeds=[1], gpu=False, nproc=2)
     page = report(runs, {"template": 3.0, "tensor_dataset": 2.0, "pil": 1.0}, options, "command", folder)
-    assert text in page and page.index("| pil |") < page.index(text) < page.index("Fast recipe")
+    assert text in page and page.index("| pil |") < page.index(text) < page.index("Default recipe")
 
     # Written once: a complete tree is reused; one without its marker (an interrupted write) is redone.
     marker = tree / TREE_MARKER

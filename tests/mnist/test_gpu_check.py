@@ -104,7 +104,7 @@ def test_the_gpu_commands_compose_to_the_fast_gpu_recipe_over_nccl(tmp_path):
     for cfg in (fast, sync):
         assert cfg.trainer.accelerator == "gpu" and cfg.trainer.devices == 2 and cfg.data.on_device
         assert cfg.trainer.precision == "bf16-mixed" and cfg.strategy.process_group_backend == "nccl"
-        assert cfg.model.net.batch_norm, "the fast recipe's CNN has BatchNorm layers"
+        assert cfg.model.net.channels == [24, 32] and cfg.model.label_smoothing == 0.1, "the default recipe's"
     assert fast.model.compile and not sync.model.compile
     assert sync.trainer.sync_batchnorm and not fast.trainer.sync_batchnorm
 

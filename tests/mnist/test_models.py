@@ -21,7 +21,9 @@ def test_the_cnn_maps_the_datas_images_to_its_classes(shape):
 
 def test_the_cnn_on_mnist_keeps_the_parameters_of_earlier_checkpoints():
     # The layers and shapes the CNN had when it took (N, 1, 28, 28) only: old checkpoints still load.
-    shapes = {name: tuple(tensor.shape) for name, tensor in CNN(1, (28, 28), 10).state_dict().items()}
+    # A run's saved config names every argument of the CNN it trained: these were the template's first.
+    old = CNN(1, (28, 28), 10, channels=(32, 64), hidden=128, dropout=0.5, batch_norm=False)
+    shapes = {name: tuple(tensor.shape) for name, tensor in old.state_dict().items()}
     assert shapes == {
         "features.0.weight": (32, 1, 5, 5), "features.0.bias": (32,), "features.3.weight": (64, 32, 5, 5),
         "features.3.bias": (64,), "classifier.1.weight": (128, 1024), "classifier.1.bias": (128,),

@@ -17,16 +17,22 @@ def test_presets_set_what_they_say():
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=long", "debug=fast_dev_run"])
     assert cfg.model.net.hidden == 256 and cfg.trainer.fast_dev_run is True
-    # Presets in order, the command line last: debug=limit's 2 epochs win over experiment=fast's
-    # one, the command line's global batch over the preset's.
-    overrides = ["experiment=fast", "debug=limit", "data.global_batch_size=32"]
+    # Presets in order, the command line last: debug=limit's 2 epochs win over experiment=long's
+    # 15, the command line's global batch over the preset's.
+    overrides = ["experiment=long", "debug=limit", "data.global_batch_size=32"]
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     assert (cfg.trainer.max_epochs, cfg.trainer.limit_train_batches, cfg.trainer.limit_test_batches) == (2, 20, 5)
-    assert cfg.data.global_batch_size == 32 and cfg.model.optimizer.lr == 0.01
+    assert cfg.data.global_batch_size == 32 and cfg.model.optimizer.lr == 0.005
     assert any(isinstance(layer, BatchNorm2d) for layer in instantiate(cfg.model.net, 1, [28, 28], 10).modules()), (
-        "experiment=fast"
+        "experiment=long"
     )
+    # experiment=medium: the wider CNN, three epochs, without label smoothing.
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=medium"])
+    net = instantiate(cfg.model.net, 1, [28, 28], 10)
+    assert [layer.out_channels for layer in net.modules() if hasattr(layer, "out_channels")] == [32, 64]
+    assert (cfg.trainer.max_epochs, cfg.model.label_smoothing, cfg.model.optimizer.lr) == (3, 0.0, 0.003)
     # experiment=resnet: the ResNet for small natural images, with the seeded crop and flip.
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["data=folder", "data.root=/x", "experiment=resnet"])

@@ -555,7 +555,7 @@ def check_schedule(cfg: DictConfig, model: L.LightningModule, model_cfg: DictCon
 
 def _unexpected_argument_hint(node: DictConfig, path: str, error: BaseException | None) -> str:
     """For ``TypeError: ... unexpected keyword argument 'x'``: which ``_target_`` node sets ``x``, and
-    how to drop it. (A preset written for one class, such as ``experiment=fast`` setting
+    how to drop it. (A preset written for one class, such as ``experiment=long`` setting
     ``model.net.batch_norm`` for the CNN, meets another, ``model=mlp``.)"""
     match = re.search(r"unexpected keyword argument '(\w+)'", str(error)) if isinstance(error, TypeError) else None
     if match is None:
