@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # the names and their modules, read by __getattr__ from this 
     from ddp_engine.core.files import atomic_path, check_writable, write_csv, write_json
     from ddp_engine.core.run_dir import METRICS_FILE
     from ddp_engine.data.conformance import check_conformance
-    from ddp_engine.data.sharded import GatherDataset, ShardedDataModule, collate_for, unrepeated_loader
+    from ddp_engine.data.gather import GatherDataset, collate_for
+    from ddp_engine.data.sharded import ShardedDataModule, unrepeated_loader
     from ddp_engine.loggers.media import log_figure, media_loggers
     from ddp_engine.models.build import build_model
     from ddp_engine.models.optimization import build_lr_scheduler, needs_total_steps

@@ -71,7 +71,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ddp_engine.core.compat import epoch_batches_ready
 from ddp_engine.core.errors import UsageError
-from ddp_engine.data.sharded import collate_for
+from ddp_engine.data.gather import collate_for
 
 #: ``(epoch, global batch index within the epoch)``: a global batch, the same key on every world size.
 _BatchKey = tuple[int, int]

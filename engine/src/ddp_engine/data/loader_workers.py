@@ -12,8 +12,11 @@ from it inherits no lock held.
 
 What it costs, against forking this process (measured by the template's benchmarks):
 
-- the forkserver's imports (torch, Lightning and the data's modules), once per process, before
-  the first worker can start; each worker after that is a fork of it, which has the modules;
+- the forkserver's imports (torch and the datasets' modules: :attr:`ShardedDataModule.worker_modules
+  <ddp_engine.data.sharded.ShardedDataModule.worker_modules>`), once per process; the engine starts
+  it as soon as the DataModule exists (``start_loader_forkserver``), so that they run while the
+  model is built and the process group forms. Each worker is a fork of it, which has the modules.
+  No worker needs Lightning: :func:`seeded_by_torch` is their ``worker_init_fn``;
 - each worker gets the dataset pickled, as with the ``spawn`` start method: its tensors are moved
   into shared memory (``/dev/shm``) once, and a worker maps them rather than copying them, so
   ``/dev/shm`` holds each process's data set (a container's default 64 MiB is too small for two
@@ -58,3 +61,10 @@ def workers_context(*modules: str) -> BaseContext:
         context.set_forkserver_preload([FORKSERVER_MODULE, *dict.fromkeys(modules)])
     start_forkserver(context)  # here, in the thread that builds the loader, which it ends with
     return context
+
+
+def seeded_by_torch(worker_id: int) -> None:
+    """The ``worker_init_fn`` of the engine's loaders: nothing to do. torch seeds each worker's torch,
+    ``random`` and numpy generators from the loader's base seed and ``worker_id``, and the loader's
+    generator mixes in the global rank (:class:`~ddp_engine.data.sharded.ShardedDataModule`). Set, it
+    keeps Lightning from adding its own, whose module would have every worker import Lightning (seconds)."""

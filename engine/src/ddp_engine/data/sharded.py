@@ -18,64 +18,18 @@ from typing import Any, ClassVar
 import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate, default_convert
+from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
 from ddp_engine.core.compat import epoch_batches_processed
 from ddp_engine.core.errors import ConfigValueError
-from ddp_engine.data.loader_workers import workers_context
+from ddp_engine.data.gather import GatherDataset, WithIndices, collate_for
+from ddp_engine.data.loader_workers import seeded_by_torch, workers_context
 from ddp_engine.data.sharding import ResumableDataLoader, ResumableDistributedSampler, UnpaddedDistributedSampler
-from ddp_engine.distributed.layout import per_device_batch_size, per_device_eval_batch_size
+from ddp_engine.distributed.layout_rules import per_device_batch_size, per_device_eval_batch_size
 
-
-class GatherDataset(TensorDataset):
-    """A ``TensorDataset`` that serves a whole batch as one gather: ``(images[indices], labels[indices])``.
-
-    torch's DataLoader hands a batch's indices (from its sampler, here the ``DistributedSampler``)
-    to ``__getitems__`` when a dataset has it; with ``collate_fn=default_convert`` the result
-    is the batch as is (:class:`ClassificationDataModule` chooses it for this class). Without
-    it, the DataLoader calls ``dataset[i]`` once per sample and stacks the samples in
-    ``default_collate``: Python work per sample, which on 2 CPU cores costs more than the gather
-    itself (``python -m benchmarks.run`` measures both). Lightning's own loader rewrites
-    (``trainer.overfit_batches``) keep the dataset, batch size and collate function, so they
-    keep this path.
-    """
-
-    def __getitems__(self, indices: list[int]) -> tuple[Tensor, ...]:
-        """``indices``: the batch's ``B`` sample indices -> each tensor's rows at them, ``(B, ...)``."""
-        index = torch.as_tensor(indices, dtype=torch.int64, device=self.tensors[0].device)
-        # index_select, not tensor[index]: the same rows, but advanced indexing splits a batch's
-        # gather over torch's threads and waits for the slowest, milliseconds per batch on busy cores
-        # instead of microseconds (python -m benchmarks.pipeline; the figures are in the CHANGELOG).
-        return tuple(tensor.index_select(0, index) for tensor in self.tensors)
-
-    def with_indices(self) -> "GatherDataset":
-        """The same samples, each batch with a third tensor: the samples' indices ``(B,)`` int64."""
-        images = self.tensors[0]
-        return GatherDataset(*self.tensors, torch.arange(len(images), device=images.device))
-
-    def to(self, device: torch.device | str) -> "GatherDataset":
-        """A copy with every tensor on ``device``."""
-        return GatherDataset(*(tensor.to(device) for tensor in self.tensors))
-
-
-class WithIndices(Dataset):
-    """A per-sample dataset whose samples carry their index: ``dataset[i] + (i,)``."""
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> tuple:
-        return (*self.dataset[index], index)
-
-
-def collate_for(dataset: Dataset):
-    """The DataLoader's ``collate_fn`` for ``dataset``: none to do for a :class:`GatherDataset`
-    (its batches come whole), torch's ``default_collate`` (stack the samples) for any other."""
-    return default_convert if isinstance(dataset, GatherDataset) else default_collate
+#: Loader seeds of two processes differ for any world size below this: ``shuffle_seed * stride + global_rank``.
+WORKER_SEED_STRIDE = 1 << 20
 
 
 def unrepeated_loader(dataset: Dataset, world_size: int, global_rank: int, **options) -> DataLoader:
@@ -161,6 +115,10 @@ class ShardedDataModule(L.LightningDataModule):
     #: of a checkpoint take the command's own values for them (``global_batch_size`` too, there).
     #: Every other key is the run's. A subclass adds its own (a folder: ``(*loading_keys, "root")``).
     loading_keys: ClassVar[tuple[str, ...]] = ("num_workers", "prepare_data_per_node", "on_device")
+    #: The modules this DataModule's loader workers unpickle their datasets from, imported once by
+    #: their forkserver (:meth:`start_loader_forkserver`); a worker imports any other itself, once.
+    #: A subclass whose splits are another Dataset class names that class's module.
+    worker_modules: ClassVar[tuple[str, ...]] = (GatherDataset.__module__,)
 
     def __init__(
         self,
@@ -183,6 +141,14 @@ class ShardedDataModule(L.LightningDataModule):
         self.test_set: Dataset | None = None
         # Where a resumed epoch continues (load_state_dict), until the training loader is built.
         self._train_position: dict | None = None
+
+    def start_loader_forkserver(self) -> None:
+        """With ``num_workers`` > 0, start the forkserver this process's DataLoader workers will be
+        forked from (:func:`~ddp_engine.data.loader_workers.workers_context`) now and return at once:
+        its imports (seconds) then run while the model is built and the process group forms, instead
+        of before the first batch. Called by the engine in each DDP process; nothing without workers."""
+        if self.num_workers > 0:
+            workers_context(*self.worker_modules)
 
     def model_arguments(self) -> dict[str, Any]:
         """The keyword arguments of the task's LightningModule that come from the data, nested as
@@ -309,12 +275,18 @@ class ShardedDataModule(L.LightningDataModule):
             # generator unless it has its own. The global one also draws the dropout masks, and a
             # resume inside an epoch starts the loader once more than the uninterrupted run did
             # (after the checkpoint restored the generator): the masks would shift from there on.
-            "generator": torch.Generator().manual_seed(self.shuffle_seed),
+            # torch seeds each worker's torch, random and numpy from that base seed and its worker id;
+            # the global rank in the seed gives each process's workers streams of their own.
+            "generator": torch.Generator().manual_seed(self.shuffle_seed * WORKER_SEED_STRIDE + self._global_rank()),
         }
         if self.num_workers > 0:
             # Not forked from this process, which runs threads: see ddp_engine.data.loader_workers.
-            options["multiprocessing_context"] = workers_context(type(self).__module__, type(dataset).__module__)
+            options["multiprocessing_context"] = workers_context(*self.worker_modules, type(dataset).__module__)
+            options["worker_init_fn"] = seeded_by_torch
         return options
+
+    def _global_rank(self) -> int:
+        return self.trainer.global_rank if self.trainer is not None else 0
 
     @override
     def state_dict(self) -> dict:

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from ddp_engine.callbacks.signals import stop_on_signals
 from ddp_engine.core.objective import metrics_line
+from ddp_engine.data.sharded import ShardedDataModule
 from ddp_engine.models.build import build_model
 from ddp_engine.run.host_memory import keep_freed_host_memory
 from ddp_engine.run.trainer import build_trainer
@@ -38,6 +39,8 @@ def evaluate(cfg: DictConfig) -> dict:
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
+    if isinstance(datamodule, ShardedDataModule):
+        datamodule.start_loader_forkserver()  # its imports overlap the model's building and DDP's set-up
     model = build_model(cfg.model, datamodule)
     trainer, layout = build_trainer(cfg, evaluation=True)
 

@@ -21,6 +21,7 @@ from ddp_engine.callbacks.run_summary import RunSummary
 from ddp_engine.callbacks.signals import stop_on_signals
 from ddp_engine.core.environment import launcher_restarts
 from ddp_engine.core.objective import metrics_line
+from ddp_engine.data.sharded import ShardedDataModule
 from ddp_engine.distributed.checkpoint_io import in_place_resume_step
 from ddp_engine.distributed.layout import scale_learning_rate
 from ddp_engine.distributed.options import LRScaling
@@ -63,6 +64,8 @@ def fit_and_test(cfg: DictConfig) -> dict:
         cfg.model.optimizer.lr = effective_lr
 
     datamodule: L.LightningDataModule = instantiate(cfg.data)
+    if isinstance(datamodule, ShardedDataModule):
+        datamodule.start_loader_forkserver()  # its imports overlap the model's building and DDP's set-up
     # The model is built for its data (the DataModule's model_arguments: an image shape, classes).
     model = build_model(cfg.model, datamodule)
     if hasattr(datamodule, "summary") and (summary := datamodule.summary()):

@@ -189,6 +189,8 @@ class ImageFolderDataModule(ClassificationDataModule):
     #: Where the folder and its survey are, and how much is held in memory, may change between a run
     #: and its resume or evaluation.
     loading_keys = (*ClassificationDataModule.loading_keys, "root", "cache_dir", "in_memory_limit_mib")
+    #: Beyond the in-memory splits, the images decoded per sample by the workers (in_memory_limit_mib).
+    worker_modules = (*ClassificationDataModule.worker_modules, FolderImages.__module__)
 
     def __init__(
         self,
