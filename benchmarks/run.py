@@ -8,7 +8,8 @@ programs interleaved so that a slow moment of the machine does not hit one progr
 1. the reference, ``benchmarks/reference_ddp.py``, a hand-written torchrun + DistributedDataParallel
    loop doing the work of the default recipe, 2 gloo processes;
 2. the template's default recipe, ``python -m mnist_ddp.train``, started by
-   the command itself (the README's command) and under torchrun: training-loop time, training samples/s,
+   the command itself (the README's command), under torchrun, and with 2 DataLoader workers per
+   process (``data.num_workers=2``, from the command): training-loop time, training samples/s,
    test accuracy, time from the command's start to the first optimizer step, end-to-end wall
    time, peak RSS per process;
 3. the input pipeline alone: the DataModule's train loader against torchvision's PIL-based MNIST
@@ -77,12 +78,16 @@ PROGRAMS = {
     "reference": reference_command,
     "template": lambda *a: [sys.executable, "-m", "mnist_ddp.train", *template_args(*a)],
     "template_torchrun": lambda *a: [*torchrun(a[-1].nproc), "-m", "mnist_ddp.train", *template_args(*a)],
+    "template_workers": lambda *a: [sys.executable, "-m", "mnist_ddp.train", *template_args(*a), "data.num_workers=2"],
 }
 LABELS = {
     "reference": "reference: torchrun + DDP by hand",
     "template": "template: `python -m mnist_ddp.train`",  # the command starts and supervises its processes
     "template_torchrun": "template under torchrun",
+    "template_workers": "template, `data.num_workers=2`",
 }
+#: The most the first optimizer step of a run with DataLoader workers may come after one without.
+WORKERS_TARGET = 1.15
 
 
 def harness_env() -> dict[str, str]:
@@ -288,6 +293,10 @@ def targets(
         limit = REFUSAL_TARGETS_S[REFUSALS[name][2]]
         taken = statistics.median(seconds)
         checks.append((f"`{name}` refused in {taken:.2f} s", taken <= limit, f"at most {limit:.0f} s"))
+    if "template_workers" in runs:
+        ratio = median("template_workers", "first_step_s") / median("template", "first_step_s")
+        checks.append((f"command start to first optimizer step with `data.num_workers=2`: {ratio:.2f}x without",
+                       ratio <= WORKERS_TARGET, f"at most {WORKERS_TARGET:.2f}x"))  # fmt: skip
     lowest = min(r["test_acc"] for r in runs["template"])
     e2e = median("template", "e2e_s")
     checks += [
