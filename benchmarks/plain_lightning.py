@@ -25,16 +25,18 @@ from benchmarks.reference_ddp import GatherSet, load, make_model
 
 
 class Classifier(L.LightningModule):
-    """``make_model(model)`` with cross-entropy, AdamW (lr, weight decay 0.01) and a one-cycle
-    schedule over ``total_steps``; logs the loss each step when ``log_loss``."""
+    """``make_model(model)``, channels-last as the reference and the template hold it, with
+    cross-entropy, AdamW (lr, weight decay 0.01) and a one-cycle schedule over ``total_steps``; logs
+    the loss each step when ``log_loss``."""
 
     def __init__(self, model: str, lr: float, total_steps: int, log_loss: bool) -> None:
         super().__init__()
         self.net, self.lr, self.total_steps, self.log_loss = make_model(model), lr, total_steps, log_loss
+        self.net.to(memory_format=torch.channels_last)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch
-        loss = F.cross_entropy(self.net(images), labels)
+        loss = F.cross_entropy(self.net(images.contiguous(memory_format=torch.channels_last)), labels)
         if self.log_loss:
             self.log("train/loss", loss)
         return loss
