@@ -27,6 +27,10 @@ def test_presets_set_what_they_say():
     assert any(isinstance(layer, BatchNorm2d) for layer in instantiate(cfg.model.net, 1, [28, 28], 10).modules()), (
         "experiment=long"
     )
+    # experiment=fast names the default recipe: the same config as none.
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        named, default = compose("config", overrides=["experiment=fast"]), compose("config")
+    assert named.model == default.model and named.data == default.data and named.trainer == default.trainer
     # experiment=medium: the wider CNN, three epochs, without label smoothing.
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=medium"])
