@@ -15,16 +15,22 @@ from harness import cli_env
 pytestmark = pytest.mark.processes
 
 #: A DataModule of GatherDatasets in a module of its own (``__main__``), asked to start its forkserver;
-#: it prints the command lines of its child processes: Python's forkserver (its preload list in its
-#: command line) and, with it, Python's resource tracker.
+#: it prints the command lines of its child processes once each has exec'd its own: Python's forkserver
+#: (its preload list in its command line) and, with it, Python's resource tracker.
 PROGRAM = """
-import json, os, subprocess, sys
+import json, os, subprocess, sys, time
 from ddp_engine.data.sharded import ShardedDataModule
 class Squares(ShardedDataModule):
     pass
 Squares(global_batch_size=8, num_workers=int(sys.argv[1])).start_loader_forkserver()
-children = subprocess.run(["ps", "-o", "args=", "--ppid", str(os.getpid())], capture_output=True, text=True)
-print(json.dumps([line for line in children.stdout.splitlines() if "ps -o" not in line]))
+deadline = time.monotonic() + 60
+while True:  # a child shows this program's command line until it has exec'd its own
+    ps = subprocess.run(["ps", "-o", "args=", "--ppid", str(os.getpid())], capture_output=True, text=True)
+    children = [line for line in ps.stdout.splitlines() if "ps -o" not in line]
+    if not any("start_loader_forkserver" in child for child in children) or time.monotonic() > deadline:
+        break
+    time.sleep(0.05)
+print(json.dumps(children))
 """
 
 
