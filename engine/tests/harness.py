@@ -1,8 +1,8 @@
 """What the engine's tests and a project's share to run commands as a user would and to read what
-a run leaves: the environment of a command (:func:`cli_env`), a command under torchrun or a
-simulated SLURM job, TensorBoard's scalars as its own readers show them, the ranks in a log, live
-processes from /proc. Task-agnostic: a command is ``python -m <package>.<command>`` of whichever
-task a test runs.
+a run leaves: the environment of a command (:func:`cli_env`), a command under torchrun, a
+simulated SLURM job or a Kubeflow TrainJob's pods run here, TensorBoard's scalars as its own
+readers show them, the ranks in a log, live processes from /proc. Task-agnostic: a command is
+``python -m <package>.<command>`` of whichever task a test runs.
 
 Test modules import them with ``from harness import ...`` (engine/tests is on pytest's
 ``pythonpath`` and on every command's PYTHONPATH).
@@ -11,11 +11,13 @@ Test modules import them with ``from harness import ...`` (engine/tests is on py
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
@@ -74,6 +76,26 @@ def torchrun(module: str, *torchrun_args: str, overrides: Sequence[str], log_dir
                *cli_command(module, *overrides, log_dir=log_dir)[1:]]  # fmt: skip
     return subprocess.run(command, cwd=HERE, env={**(env or cli_env()), **TORCHRUN_ENV}, capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
+
+
+def trainjob_pods(manifest: dict, log: Path) -> list[subprocess.Popen]:
+    """Start the pods of a Kubeflow TrainJob ``manifest`` (``launcher=kubeflow``) on this machine: its
+    container's command and environment once per node, with the ``PET_*`` variables Kubeflow
+    Trainer's torch runtime gives each pod (``PET_NODE_RANK``: the pod's index; node 0's pod the
+    master, here at a free port), their output appended to ``log``."""
+    trainer = manifest["spec"]["trainer"]
+    container_env = {entry["name"]: entry["value"] for entry in trainer["env"]}
+    # The image's PATH has torchrun: here, this environment's.
+    container_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    port, pods = free_port(), []
+    for node_rank in range(trainer["numNodes"]):
+        pet = {"PET_NNODES": str(trainer["numNodes"]), "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
+               "PET_NODE_RANK": str(node_rank), "PET_MASTER_ADDR": "127.0.0.1",
+               "PET_MASTER_PORT": str(port)}  # fmt: skip
+        command, env = [*trainer["command"], *trainer["args"]], cli_env(**container_env, **pet)
+        with log.open("a") as output:  # the pod keeps its own copy of the file open
+            pods.append(subprocess.Popen(command, cwd=HERE, env=env, stdout=output, stderr=subprocess.STDOUT))
+    return pods
 
 
 def simulated_slurm(bin_dir: Path, job_id: str, ntasks: int, env: dict | None = None) -> dict[str, str]:
@@ -138,6 +160,23 @@ def ranks_in_log(run_dir: Path, job: str = "train") -> set[int]:
     return {int(rank) for rank in re.findall(r"\[rank (\d+)\]", (run_dir / f"{job}.log").read_text())}
 
 
+def params(run_dir: Path, checkpoint: str = "last.ckpt") -> dict[str, torch.Tensor]:
+    """The model parameters a run's checkpoint holds (its ``state_dict``)."""
+    return torch.load(run_dir / "checkpoints" / checkpoint, weights_only=True)["state_dict"]
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest absolute difference between two runs' parameters (:func:`params`)."""
+    return max((a[key] - b[key]).abs().max().item() for key in a)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a rendezvous a test starts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def only(path: Path) -> Path:
     """The one entry of a folder (a run's directory in ``runs/``); fails if there are others."""
     (item,) = path.iterdir()
@@ -150,6 +189,23 @@ def default_sigint() -> None:
     non-interactive shell (``make test &`` in a script, some CI runners) ignores SIGINT, and its
     commands would inherit that: Ctrl-C would not reach them, as POSIX wants."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every live descendant of it (read from /proc), also those that started a session of
+    their own (torchrun's workers do): what a container's end takes down with it."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "<pid> (<comm>) <state> <ppid> ...": the command name may hold spaces and parentheses.
+            parents[int(stat.parent.name)] = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, grown = [pid], True
+    while grown:
+        children = [child for child, parent in parents.items() if parent in tree and child not in tree]
+        tree, grown = tree + children, bool(children)
+    return tree
 
 
 def processes_mentioning(text: str) -> list[str]:

@@ -11,14 +11,13 @@ Sizes: 1,008 training windows, 21 global batches of 48 per epoch for 1, 2, 3 and
 """
 
 import json
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
-from harness import HERE, cli_command, cli_env, ranks_in_log, read_scalars
+from harness import HERE, cli_command, cli_env, free_port, max_difference, params, ranks_in_log, read_scalars
 from runs import DETERMINISTIC, GLOBAL_BATCH, TRAIN, TRAIN_SIZE
 
 from ddp_engine.callbacks.step_anatomy import PARTS
@@ -69,14 +68,6 @@ RUNS = {
 def run(deterministic_run):
     """``run(name)``: the run directory of RUNS[name] (trained once per session, on first use)."""
     return lambda name: deterministic_run(name, *RUNS[name])
-
-
-def params(run_dir, checkpoint="last.ckpt"):
-    return torch.load(run_dir / "checkpoints" / checkpoint, weights_only=True)["state_dict"]
-
-
-def max_difference(a, b):
-    return max((a[key] - b[key]).abs().max().item() for key in a)
 
 
 def ddp_settings(run_dir):
@@ -296,12 +287,6 @@ def test_every_rank_logs_where_its_step_goes_and_the_parts_add_up_to_the_step(ru
 
 
 # --- several nodes ---------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_two_torchrun_nodes_train_exactly_like_one_node_with_four_processes(run, deterministic_data, tmp_path):

@@ -44,11 +44,17 @@ from ddp_engine.config.early_checks import (
     check_num_nodes,
     check_submitted_devices,
     optimizer_refusal,
-    submitted_to_slurm,
+    submitted_to_cluster,
 )
 from ddp_engine.config.saved_run import CHECKPOINT_USES, apply_run_settings
 from ddp_engine.config.task_commands import check_task_has, imported, task_command
-from ddp_engine.core.environment import external_launcher, launched_externally, launcher_rank, launcher_restarts
+from ddp_engine.core.environment import (
+    external_launcher,
+    launched_externally,
+    launcher_rank,
+    launcher_restarts,
+    resumes_in_place,
+)
 from ddp_engine.core.errors import ConfigValueError, UsageError, first_line
 from ddp_engine.core.files import check_writable
 from ddp_engine.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, restart_hint, run_status
@@ -87,8 +93,9 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
     data_sets: list[tuple[dict, L.LightningDataModule]] = []  # each data set once: its resolved node, its DataModule
     # Before _output_dir drops the hydra node.
     sweeper = OmegaConf.to_container(jobs[0].cfg.hydra.sweeper, resolve=False)
-    # hydra/launcher=slurm: the jobs run on the cluster's nodes, where SLURM starts their processes.
-    submitted = submitted_to_slurm(jobs)
+    # hydra/launcher=slurm, launcher=kubeflow: the jobs run on the cluster's nodes, where SLURM or
+    # Kubeflow Trainer starts their processes.
+    submitted = submitted_to_cluster(jobs)
     for job in jobs:
         output_dir = _output_dir(job)
         cfg = job.cfg
@@ -251,7 +258,7 @@ def check_resume_in_place(run_dir: Path) -> None:
         ConfigValueError: when ``run_dir`` does not exist, holds no checkpoint (naming the way on:
             another directory), or holds a run that completed (its ``metrics.json`` says so).
     """
-    if launcher_restarts() > 0:
+    if resumes_in_place():
         return
     if not run_dir.exists():
         raise ConfigValueError(
@@ -284,14 +291,14 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
     earlier one, before anything is written: it would overwrite that run's checkpoints and metrics
     and add a second series to its TensorBoard run (one that stopped before its first checkpoint:
     its logs). Resuming that run in place (``ckpt_path=last``)
-    and a launcher's restart of the job (torchrun ``--max-restarts``, a SLURM requeue) are the
-    exceptions; so are the processes other than global rank 0 under torchrun or SLURM (rank 0
+    and a launcher's restart of the job (torchrun ``--max-restarts``, a SLURM requeue, a Kubeflow
+    TrainJob's pod) are the exceptions; so are the processes other than global rank 0 under torchrun or SLURM (rank 0
     checks, before any of them writes).
 
     Raises:
         ConfigValueError: naming the directory and the ways on.
     """
-    if resume or launcher_restarts() > 0 or launcher_rank() > 0 or not holds_a_run(output_dir):
+    if resume or resumes_in_place() or launcher_rank() > 0 or not holds_a_run(output_dir):
         return
     status = run_status(output_dir)  # None: killed before it recorded one
     if status != "completed" and not _holds_checkpoints(output_dir):

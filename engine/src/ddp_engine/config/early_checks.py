@@ -21,6 +21,7 @@ from ddp_engine.config.saved_run import CHECKPOINT_USES
 from ddp_engine.core.environment import launched_externally
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.distributed.layout_rules import check_devices, known_world_size, per_device_batch_size
+from ddp_engine.launch.kubeflow import check_train_job
 
 #: The launcher that submits a sweep's jobs to SLURM (hydra/launcher=slurm): they run on other machines.
 SLURM_LAUNCHER = "hydra_plugins.ddp_engine_slurm_launcher.SlurmSweepLauncher"
@@ -32,6 +33,17 @@ def submitted_to_slurm(jobs: Sequence[Job]) -> bool:
     return bool(jobs) and jobs[0].multirun and jobs[0].cfg.hydra.launcher.get("_target_") == SLURM_LAUNCHER
 
 
+def submitted_to_kubeflow(cfg: DictConfig) -> bool:
+    """Whether a job's config writes its Kubeflow TrainJob (``launcher=kubeflow``) instead of running here."""
+    return OmegaConf.select(cfg, "launcher.kubeflow") is not None
+
+
+def submitted_to_cluster(jobs: Sequence[Job]) -> bool:
+    """Whether the processes of ``jobs`` run on a cluster's nodes, not this machine's: a SLURM sweep's
+    (:func:`submitted_to_slurm`) or a Kubeflow TrainJob's (:func:`submitted_to_kubeflow`)."""
+    return submitted_to_slurm(jobs) or (bool(jobs) and submitted_to_kubeflow(jobs[0].cfg))
+
+
 def check_jobs_early(config_name: str, jobs: Sequence[Job]) -> None:
     """Check the values of each of ``jobs`` (of ``python -m <package>.<config_name>``) that need
     neither torch nor Lightning (:func:`check_job_early`).
@@ -39,9 +51,11 @@ def check_jobs_early(config_name: str, jobs: Sequence[Job]) -> None:
     Raises:
         UsageError: the first problem found, as one line.
     """
-    submitted = submitted_to_slurm(jobs)
+    submitted = submitted_to_cluster(jobs)
     for job in jobs:
         HydraConfig.instance().set_config(job.cfg)  # a value's ${hydra:runtime.cwd} resolves as in the job
+        if submitted_to_kubeflow(job.cfg):
+            check_train_job(job.cfg.launcher.kubeflow, job.cfg.trainer.devices, job.multirun)
         check_job_early(config_name, job.cfg, submitted)
 
 
@@ -95,7 +109,7 @@ def check_layout(cfg: DictConfig, training: bool, submitted: bool) -> None:
 
 def check_num_nodes(num_nodes: int, submitted: bool) -> None:
     """Refuse ``trainer.num_nodes`` below 1, or above 1 for a run that no launcher starts on each node
-    (torchrun, SLURM; ``submitted``: a job that ``hydra/launcher=slurm`` submits).
+    (torchrun, SLURM; ``submitted``: a job that ``hydra/launcher=slurm`` or ``launcher=kubeflow`` submits).
 
     Raises:
         ConfigValueError: naming the value and the way on.
@@ -105,7 +119,8 @@ def check_num_nodes(num_nodes: int, submitted: bool) -> None:
     if num_nodes > 1 and not launched_externally() and not submitted:
         raise ConfigValueError(
             f"trainer.num_nodes={num_nodes}: a run on several machines needs a launcher on each, "
-            "torchrun or SLURM (engine/docs/scaling-out.md). On one machine, leave trainer.num_nodes=1."
+            "torchrun, SLURM or Kubernetes (launcher=kubeflow; engine/docs/scaling-out.md). On one machine, "
+            "leave trainer.num_nodes=1."
         )
 
 

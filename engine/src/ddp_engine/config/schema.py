@@ -196,12 +196,33 @@ class LoggerConfig:
 
 
 @dataclass
+class KubeflowConfig:
+    """``launcher.kubeflow`` (``launcher=kubeflow``): the Kubeflow TrainJob that runs the command on a
+    Kubernetes cluster instead of this machine (:mod:`ddp_engine.launch.kubeflow`)."""
+
+    name: str = MISSING
+    image: str | None = MISSING
+    volume: str | None = MISSING
+    mount_path: str = MISSING
+    log_dir: str = MISSING
+    runtime: str = MISSING
+    namespace: str | None = MISSING
+    gpus_per_node: int | None = MISSING
+    cpu_per_node: str | None = MISSING
+    memory_per_node: str | None = MISSING
+    manifest: str = MISSING
+    submit: bool = MISSING
+
+
+@dataclass
 class LauncherConfig:
-    """``launcher``: the supervisor of a run's processes on one machine (:mod:`ddp_engine.launch.supervisor`)."""
+    """``launcher``: the supervisor of a run's processes on one machine (:mod:`ddp_engine.launch.supervisor`);
+    with ``launcher=kubeflow``, its TrainJob on a Kubernetes cluster instead."""
 
     rendezvous_timeout: float = MISSING
     shutdown_timeout: float = MISSING
     env: dict[str, str] = MISSING
+    kubeflow: KubeflowConfig | None = None
 
 
 @dataclass

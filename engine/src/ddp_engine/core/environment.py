@@ -1,5 +1,5 @@
 """The launcher that started this process: torchrun (TorchElastic), SLURM, or none (the template's
-own supervisor, or a plain ``python``).
+own supervisor, or a plain ``python``); and whether it runs in a Kubeflow TrainJob's pod, under torchrun.
 
 The one place that asks: every other module calls :func:`external_launcher` or a function here.
 Lightning's cluster environments do the detection (``TorchElasticEnvironment.detect()``,
@@ -44,10 +44,27 @@ def launcher_rank() -> int:
     return environment().global_rank() if environment is not None else 0
 
 
+#: Set by the manifest of a Kubeflow TrainJob (``launcher=kubeflow``) in each of its pods: the TrainJob's name.
+TRAINJOB_ENV = "DDP_ENGINE_TRAINJOB"
+
+
 def launcher_restarts() -> int:
     """How many times the launcher has restarted this job: torchrun's ``TORCHELASTIC_RESTART_COUNT``
     (``--max-restarts``), SLURM's ``SLURM_RESTART_COUNT`` (requeues); 0 otherwise."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
+def trainjob_name() -> str | None:
+    """The name of the Kubeflow TrainJob whose pod runs this process (its manifest sets it), or None."""
+    return os.environ.get(TRAINJOB_ENV)
+
+
+def resumes_in_place() -> bool:
+    """Whether this job continues the run its directory holds, if any, instead of refusing it: after
+    its launcher restarted it (:func:`launcher_restarts`), and in every pod of a Kubeflow TrainJob,
+    which Kubernetes starts afresh on a restart (torchrun's count is 0 again) with the same run
+    directory (:func:`run_stamp`)."""
+    return launcher_restarts() > 0 or trainjob_name() is not None
 
 
 def run_stamp() -> str:
@@ -56,6 +73,8 @@ def run_stamp() -> str:
     - Under torchrun: ``torchrun-<run id>``, the rendezvous id (``--rdzv-id``; with
       ``--standalone`` a random id per torchrun command). It stays the same when torchrun
       restarts the workers, so the restarted job finds its own checkpoints.
+    - In a Kubeflow TrainJob's pod (under torchrun): ``trainjob-<its name>``, the same for every pod
+      and every restart of one, as no ``PET_*`` variable names the job.
     - Under SLURM (tasks started by ``srun``): ``slurm-<job id>.<step id>``, also unchanged when
       SLURM requeues the job.
     - Otherwise the start time, ``%Y-%m-%d_%H-%M-%S.%f`` (microseconds keep two runs apart); the
@@ -67,6 +86,8 @@ def run_stamp() -> str:
     if environment is None:
         return datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")
     if environment.__name__ == "TorchElasticEnvironment":
+        if (trainjob := trainjob_name()) is not None:
+            return f"trainjob-{trainjob}"
         return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
     return f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
 

@@ -1,9 +1,11 @@
-"""One Hydra job: run its task on this machine's DDP processes, or, under torchrun or SLURM, here.
+"""One Hydra job: run its task on this machine's DDP processes, or, under torchrun or SLURM, here;
+or, with ``launcher=kubeflow``, write the Kubeflow TrainJob that runs it on Kubernetes.
 
 Hydra calls an entry point's task function once per job (once, or once per job of a ``-m``
 sweep). :func:`run_job` then either supervises the job's worker processes
 (:mod:`ddp_engine.launch.supervisor`), or, when torchrun or SLURM started this process as one of the job's
-processes, runs the task in it. Either way, global rank 0 ends with ``metrics.json`` in the
+processes, runs the task in it, or writes the job's TrainJob (:mod:`ddp_engine.launch.kubeflow`).
+Where processes ran, global rank 0 ends with ``metrics.json`` in the
 run directory: the task's metrics, the job's overrides and its status.
 
 Under torchrun or SLURM every process is started by the launcher with the same command line;
@@ -22,7 +24,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ddp_engine.core.environment import launched_externally
 from ddp_engine.core.errors import JobFailedError
@@ -31,6 +33,7 @@ from ddp_engine.core.lifetime import restore_stop_signals
 from ddp_engine.core.run_dir import METRICS_FILE, read_metrics, restart_hint, resume_command
 from ddp_engine.distributed.checkpoint_io import resume_point, with_global_step
 from ddp_engine.distributed.layout import processes_per_node
+from ddp_engine.launch.kubeflow import write_train_job
 from ddp_engine.launch.supervisor import (
     JobInterrupted,
     collect_stacks,
@@ -41,6 +44,7 @@ from ddp_engine.launch.supervisor import (
     write_job_file,
 )
 from ddp_engine.launch.worker import end_process_group
+from ddp_engine.task import current
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +63,8 @@ def run_job(
             ``metrics.json`` for a sweep that runs the job in a process of its own to read back.
 
     Returns:
-        The metrics, plus ``status`` (``completed`` or ``failed``) and ``overrides`` (this job's
+        With ``launcher=kubeflow``: the TrainJob's record (:func:`~ddp_engine.launch.kubeflow.write_train_job`).
+        Otherwise the metrics, plus ``status`` (``completed`` or ``failed``) and ``overrides`` (this job's
         command-line overrides). In a ``-m`` sweep a failed job returns ``status: failed``, the
         failed ``rank`` and its ``error``, and no metrics, so that the next job runs.
 
@@ -69,6 +74,10 @@ def run_job(
     """
     run_dir = Path(cfg.paths.output_dir)
     overrides = list(HydraConfig.get().overrides.task)
+    if cfg.launcher.get("kubeflow") is not None and not launched_externally():
+        # As typed: an override's interpolation (${paths.output_dir}) resolves in the pods, for their run.
+        typed = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
+        return write_train_job(cfg, f"{current().package}.{HydraConfig.get().job.name}", typed)
     if in_process:
         restore_stop_signals()  # an export removes its partial file on KeyboardInterrupt
         metrics = task(cfg)

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ddp_engine.callbacks.run_summary import RunSummary
 from ddp_engine.callbacks.signals import stop_on_signals
-from ddp_engine.core.environment import launcher_restarts
+from ddp_engine.core.environment import launcher_restarts, trainjob_name
 from ddp_engine.core.objective import metrics_line
 from ddp_engine.data.sharded import ShardedDataModule
 from ddp_engine.distributed.checkpoint_io import in_place_resume_step
@@ -92,6 +92,8 @@ def fit_and_test(cfg: DictConfig) -> dict:
         if cfg.ckpt_path in (None, "last") and ckpt_path not in resume:
             resume[ckpt_path] = f"the run's latest checkpoint, {ckpt_path}"
         info(f"Restart {restarts} of this job by its launcher: fit resumes from {resume.get(ckpt_path, ckpt_path)}")
+    elif (trainjob := trainjob_name()) is not None and cfg.ckpt_path is None and ckpt_path != "last":
+        info(f"TrainJob {trainjob} started again: fit resumes from the run's latest checkpoint, {ckpt_path}")
 
     with stop_on_signals(trainer):
         # weights_only: tensors and plain values only, so that a checkpoint cannot run code when loaded.

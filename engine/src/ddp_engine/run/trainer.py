@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from ddp_engine.callbacks.exact_resume import ExactResume
 from ddp_engine.callbacks.objective import ObjectiveLogged
-from ddp_engine.core.environment import launcher_restarts
+from ddp_engine.core.environment import resumes_in_place
 from ddp_engine.distributed.checkpoint_io import resume_point
 from ddp_engine.distributed.layout import (
     data_parallel_layout,
@@ -79,14 +79,14 @@ def checkpoint_to_resume(ckpt_path: str | None, trainer: L.Trainer) -> str | Non
     """What ``trainer.fit`` resumes from: ``ckpt_path`` when given, ``last`` being the run's
     :func:`~ddp_engine.distributed.checkpoint_io.resume_point` (its newest complete checkpoint);
     otherwise, when the launcher has restarted this job (torchrun ``--max-restarts``, a SLURM
-    requeue: :func:`launcher_restarts`), that resume point too (``"last"`` where it has none:
-    Lightning then starts afresh). The run directory is the same across restarts
+    requeue) or it runs in a Kubeflow TrainJob's pod (:func:`resumes_in_place`), that resume point
+    too (``"last"`` where it has none: Lightning then starts afresh). The run directory is the same across restarts
     (:func:`ddp_engine.core.environment.run_stamp`), so that is this run's own latest checkpoint; a
     job that died before its first checkpoint starts afresh (Lightning warns). A checkpoint saved by
     Lightning's SLURM auto-requeue (SIGUSR1, ``hpc_ckpt_<n>.ckpt`` in the run directory) is newer:
     then None, and Lightning resumes from it.
     """
-    if ckpt_path != "last" and (ckpt_path is not None or launcher_restarts() == 0):
+    if ckpt_path != "last" and (ckpt_path is not None or not resumes_in_place()):
         return ckpt_path
     if ckpt_path is None and any(Path(trainer.default_root_dir).glob("hpc_ckpt_*.ckpt")):
         return None
