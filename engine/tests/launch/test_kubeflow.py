@@ -22,8 +22,9 @@ from harness import max_difference, params, process_tree, processes_mentioning, 
 from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
 from runs import DETERMINISTIC, TRAIN
 
+from ddp_engine.config.checks import check_output_dir
 from ddp_engine.config.command_line import check_command_line
-from ddp_engine.core.errors import UsageError
+from ddp_engine.core.errors import ConfigValueError, UsageError
 from ddp_engine.launch.kubeflow import submit
 
 # The parameters of a 2-node x 1 run and a 1-node x 2 run (the command's own 2 processes) differ in
@@ -57,6 +58,24 @@ def test_a_sweep_of_trainjobs_is_refused(sensor_data):
     """One TrainJob per command: a sweep's jobs would share its name, and so its run directory."""
     message = refusal("-m", *sensor_data, *kubeflow_overrides("/mnt/runs", "trainer.devices=2"), "seed=1,2")
     assert message.startswith("launcher=kubeflow writes the TrainJob of one run: run each job of the sweep as ")
+
+
+def test_a_pod_meeting_a_completed_run_of_its_name_refuses_it_and_one_of_a_stopped_run_resumes(tmp_path, monkeypatch):
+    """What global rank 0 of a TrainJob's pod checks in its run directory (the pod's variable set here):
+    the same name applied again after its run completed is refused; a run that stopped is resumed."""
+    monkeypatch.setenv("DDP_ENGINE_TRAINJOB", "sensor-c")
+    run_dir = tmp_path / "trainjob-sensor-c"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (run_dir / "metrics.json").write_text(json.dumps({"status": "completed"}))
+    with pytest.raises(ConfigValueError) as error:
+        check_output_dir(run_dir, resume=False)
+    assert str(error.value) == (
+        f"TrainJob sensor-c: its run {run_dir} completed, so there is nothing to resume. Submit a new run under "
+        "another name (launcher.kubeflow.name=<new name>)."
+    )
+    (run_dir / "metrics.json").write_text(json.dumps({"status": "stopped", "signal": "SIGTERM"}))
+    assert check_output_dir(run_dir, resume=False) is None
 
 
 def test_submitting_without_a_cluster_is_refused_before_anything_is_written(sensor_data, tmp_path, monkeypatch):

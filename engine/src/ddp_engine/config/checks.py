@@ -54,6 +54,7 @@ from ddp_engine.core.environment import (
     launcher_rank,
     launcher_restarts,
     resumes_in_place,
+    trainjob_name,
 )
 from ddp_engine.core.errors import ConfigValueError, UsageError, first_line
 from ddp_engine.core.files import check_writable
@@ -290,14 +291,19 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
     """Refuse to start a single run (a sweep: :func:`check_sweep_dir`) into the directory of an
     earlier one, before anything is written: it would overwrite that run's checkpoints and metrics
     and add a second series to its TensorBoard run (one that stopped before its first checkpoint:
-    its logs). Resuming that run in place (``ckpt_path=last``)
-    and a launcher's restart of the job (torchrun ``--max-restarts``, a SLURM requeue, a Kubeflow
-    TrainJob's pod) are the exceptions; so are the processes other than global rank 0 under torchrun or SLURM (rank 0
-    checks, before any of them writes).
+    its logs). Resuming that run in place (``ckpt_path=last``) and a launcher's restart of the job
+    (torchrun ``--max-restarts``, a SLURM requeue, a Kubeflow TrainJob's pod started again) are the
+    exceptions, except for a TrainJob whose run completed (its name submitted again); so are the
+    processes other than global rank 0 under torchrun or SLURM (rank 0 checks, before any of them writes).
 
     Raises:
         ConfigValueError: naming the directory and the ways on.
     """
+    if (trainjob := trainjob_name()) is not None and launcher_rank() == 0 and run_status(output_dir) == "completed":
+        raise ConfigValueError(
+            f"TrainJob {trainjob}: its run {output_dir} completed, so there is nothing to resume. Submit a new run "
+            "under another name (launcher.kubeflow.name=<new name>)."
+        )
     if resume or resumes_in_place() or launcher_rank() > 0 or not holds_a_run(output_dir):
         return
     status = run_status(output_dir)  # None: killed before it recorded one
