@@ -157,22 +157,21 @@ def write_train_job(cfg: DictConfig, module: str, overrides: list[str]) -> dict:
 
 
 def cluster(namespace: str | None) -> Any:
-    """The Kubeflow SDK's Kubernetes backend (``kubeflow.trainer``'s, the one its ``TrainerClient``
-    uses) for the cluster of the kube config (``KUBECONFIG``, else ``~/.kube/config``, else the pod's
-    own service account), in ``namespace`` (None: the kube context's).
+    """The Kubeflow SDK's client (``kubeflow.trainer.TrainerClient``, its Kubernetes backend) for the
+    cluster of the kube config (``KUBECONFIG``, else ``~/.kube/config``, else the pod's own service
+    account), in ``namespace`` (None: the kube context's).
 
     Raises:
         ConfigValueError: the SDK missing, or no cluster configured or reachable.
     """
     try:
-        from kubeflow.common.types import KubernetesBackendConfig
-        from kubeflow.trainer.backends.kubernetes.backend import KubernetesBackend
+        from kubeflow.trainer import KubernetesBackendConfig, TrainerClient
     except ImportError:
         raise ConfigValueError(
             "launcher.kubeflow.submit=true needs the Kubeflow SDK: pip install 'ddp-engine[kubernetes]'."
         ) from None
     try:
-        return KubernetesBackend(KubernetesBackendConfig(namespace=namespace))
+        return TrainerClient(KubernetesBackendConfig(namespace=namespace))
     except Exception as error:  # the kubernetes client's ConfigException, a refused connection, ...
         raise ConfigValueError(
             f"launcher.kubeflow.submit=true: no Kubernetes cluster to submit to ({first_line(error)}). Set KUBECONFIG "
@@ -181,9 +180,10 @@ def cluster(namespace: str | None) -> Any:
 
 
 def submit(manifest: dict, namespace: str | None, path: Path) -> str:
-    """Create the TrainJob ``manifest`` on the :func:`cluster`, with the client, namespace and API group
-    that the SDK's ``TrainerClient.train`` creates its TrainJobs with (``train`` itself builds its own
-    TrainJob, and has no ``numProcPerNode``). ``path``: the written manifest, named in a refusal.
+    """Create the TrainJob ``manifest`` on the :func:`cluster`, with the Kubernetes client, namespace
+    and API group that the SDK's ``TrainerClient.train`` creates its TrainJobs with (``train`` itself
+    builds a TrainJob of its own, and cannot set ``numProcPerNode``). ``path``: the written manifest,
+    named in a refusal.
 
     Returns:
         The namespace it was created in.
@@ -193,7 +193,7 @@ def submit(manifest: dict, namespace: str | None, path: Path) -> str:
     """
     from kubeflow.trainer.constants import constants
 
-    backend = cluster(namespace)
+    backend = cluster(namespace).backend
     try:
         backend.custom_api.create_namespaced_custom_object(
             constants.GROUP, constants.VERSION, backend.namespace, constants.TRAINJOB_PLURAL, manifest
