@@ -13,6 +13,7 @@ from ddp_engine.config.schema import register_configs
 from ddp_engine.models.build import build_model
 from ddp_engine.vision.idx import MNIST_FILES
 from ddp_engine.vision.mirror import local_mirror
+from harness import supervisor_imports
 from helpers import (
     CONFIG_DIR,
     DETERMINISTIC,
@@ -22,6 +23,8 @@ from helpers import (
     TEST_SIZE,
     TRAIN_SIZE,
     VAL_SIZE,
+    cli_command,
+    cli_env,
     make_synthetic_mnist,
     run_cli,
 )
@@ -70,13 +73,17 @@ def task_overrides(synthetic_data) -> list[str]:
 @pytest.fixture(scope="session")
 def synthetic_run(synthetic_data_dir, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """One finished 2-epoch run with 2 gloo processes on the synthetic data, logged to TensorBoard,
-    CSV and W&B (offline): (log_dir, result)."""
+    CSV and W&B (offline): (log_dir, result). The command's own process lists what it imports
+    (``import_probe``, engine/tests) in ``harness.supervisor_imports(log_dir)``."""
     log_dir = tmp_path_factory.mktemp("logs")
-    result = run_cli(
+    command = cli_command(
         f"data.data_dir={synthetic_data_dir}", "data.val_size=200", "data.global_batch_size=64",
         "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=2", "logger=[tensorboard,csv,wandb]",
         log_dir=log_dir,
     )  # fmt: skip
+    command[2:2] = ["import_probe"]  # python -m import_probe mnist_ddp.train ...
+    env = cli_env(IMPORT_PROBE_FILE=str(supervisor_imports(log_dir)))
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return log_dir, result
 

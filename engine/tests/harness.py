@@ -57,6 +57,12 @@ def run_cli(module: str, *overrides: str, log_dir: Path, env: dict | None = None
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
+def supervisor_imports(log_dir: Path) -> Path:
+    """Where a run of ``import_probe`` logging to ``log_dir`` lists what its command's own process
+    imported (the top-level packages, one per line): beside ``log_dir``, not in it."""
+    return log_dir.parent / f"{log_dir.name}-imports.txt"
+
+
 def override_keys(overrides: Sequence[str]) -> set[str]:
     """The keys and groups that ``overrides`` set (``data``, ``model.net.dropout``), flags left out."""
     return {arg.lstrip("+~").split("=", 1)[0] for arg in overrides if not arg.startswith("-")}

@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from harness import read_scalars
+from harness import read_scalars, supervisor_imports
 
 pytestmark = pytest.mark.processes
 
@@ -36,3 +36,14 @@ def test_tensorboard_events_hold_every_tag_and_the_test_accuracy(synthetic_run):
         r"\[rank 0\]\S+ - Epoch (\d) done in [\d.]+ s \(global step (\d+)\)", (run / "train.log").read_text()
     )
     assert epochs == [("0", "16"), ("1", "32")], "one line per epoch in the log file"
+
+
+def test_the_command_supervises_its_processes_without_importing_lightning(synthetic_run):
+    """The command's own process (the supervisor) imports torch, for the elastic agent, but never
+    Lightning or torchmetrics (seconds of CPU each command): the task's data and model have schemas,
+    so its keys are checked without their classes; the workers' forkserver imports Lightning, and
+    the values are checked in a process forked from it."""
+    log_dir, _ = synthetic_run
+    imported = set(supervisor_imports(log_dir).read_text().split())
+    assert {"hydra", "omegaconf", "torch", "mnist_ddp", "ddp_engine"} <= imported, sorted(imported)
+    assert not imported & {"lightning", "lightning_fabric", "pytorch_lightning", "torchmetrics"}, sorted(imported)

@@ -134,3 +134,9 @@ def current() -> Task:
             )
         _registered = importlib.import_module(f"{package}.task").TASK
     return _registered
+
+
+def imported(function: str) -> Callable:
+    """The function ``module:function`` names, its module imported."""
+    module, _, name = function.partition(":")
+    return getattr(importlib.import_module(module), name)

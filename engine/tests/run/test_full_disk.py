@@ -14,7 +14,8 @@ from harness import only, run_cli
 from runs import TRAIN
 
 from ddp_engine.core.files import NoSpaceError, write_json
-from ddp_engine.distributed.checkpoint_io import AtomicCheckpointIO, resume_point
+from ddp_engine.distributed.checkpoint_io import AtomicCheckpointIO
+from ddp_engine.distributed.resume_points import resume_point
 
 pytestmark = pytest.mark.processes
 

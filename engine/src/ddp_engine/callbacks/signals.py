@@ -31,12 +31,8 @@ from ddp_engine.core.environment import submitit_preempt_signal
 from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.core.lifetime import STOP_SIGNALS
 from ddp_engine.core.run_dir import restart_hint, resume_hint
-from ddp_engine.distributed.checkpoint_io import (
-    LastCheckpoint,
-    at_optimizer_step_boundary,
-    resume_point,
-    with_global_step,
-)
+from ddp_engine.distributed.checkpoint_io import LastCheckpoint, at_optimizer_step_boundary
+from ddp_engine.distributed.resume_points import resume_point, with_global_step
 
 log = logging.getLogger(__name__)
 

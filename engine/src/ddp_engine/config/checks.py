@@ -47,7 +47,7 @@ from ddp_engine.config.early_checks import (
     submitted_to_cluster,
 )
 from ddp_engine.config.saved_run import CHECKPOINT_USES, apply_run_settings
-from ddp_engine.config.task_commands import check_task_has, imported, task_command
+from ddp_engine.config.task_commands import check_task_has, task_command
 from ddp_engine.core.environment import (
     external_launcher,
     launched_externally,
@@ -67,7 +67,7 @@ from ddp_engine.launch.sweep_launcher import hold_sweep
 from ddp_engine.loggers.trackers import check_tracker_packages
 from ddp_engine.models.build import build_model
 from ddp_engine.models.optimization import build_lr_scheduler, optimizer_lr
-from ddp_engine.task import current
+from ddp_engine.task import current, imported
 
 T = TypeVar("T")
 
@@ -253,7 +253,7 @@ def check_resume_in_place(run_dir: Path) -> None:
     the job is not checked: it resumes what its first attempt left, or starts it.
 
     The resume continues from the run's newest complete checkpoint, ``last.ckpt`` or an epoch's
-    (:func:`~ddp_engine.distributed.checkpoint_io.resume_point`).
+    (:func:`~ddp_engine.distributed.resume_points.resume_point`).
 
     Raises:
         ConfigValueError: when ``run_dir`` does not exist, holds no checkpoint (naming the way on:

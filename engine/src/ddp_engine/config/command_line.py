@@ -25,7 +25,7 @@ from ddp_engine.config.early_checks import check_jobs_early
 from ddp_engine.config.resume import in_place_run_dir, override_key, resume_arguments
 from ddp_engine.config.saved_run import CHECKPOINT_USES, apply_run_settings, run_data_option
 from ddp_engine.config.schema import register_configs
-from ddp_engine.config.task_commands import check_task_has, imported, task_command, task_function
+from ddp_engine.config.task_commands import check_task_has, task_command, task_function
 from ddp_engine.config.trust import check_saved_overrides, trusted_targets
 from ddp_engine.core.compat import tell_hydra_the_mode
 from ddp_engine.core.console import drop_output_when_closed
@@ -35,7 +35,7 @@ from ddp_engine.core.lifetime import end_at_once_on_stop_signals, end_with_paren
 from ddp_engine.core.run_dir import check_checkpoint_file
 from ddp_engine.launch.parallel_jobs import SWEEP_ENV
 from ddp_engine.launch.sweep_summary import failed_jobs
-from ddp_engine.task import Task, register
+from ddp_engine.task import Task, imported, register
 
 log = logging.getLogger(__name__)
 
@@ -113,16 +113,15 @@ def run_command(cfg: DictConfig, config_name: str, task: str, in_process: bool, 
         UsageError: for a value, data file or checkpoint the user must fix (reported as one line).
         JobFailedError: a process of a single run failed (reported as one line).
     """
-    # torch and Lightning (seconds to import) only now: the command line was checked before.
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
+    # torch (seconds to import) only now: the command line was checked before.
     from ddp_engine.launch.job import run_job
 
-    if rank_zero_only.rank == 0:  # every process runs this under torchrun or SLURM
+    rank_zero = launcher_rank() == 0  # every process runs this under torchrun or SLURM
+    if rank_zero:
         log.info(f"Run directory: {cfg.paths.output_dir}")
     if config_name in CHECKPOINT_USES:
-        apply_run_settings(cfg, HydraConfig.get().overrides.task, config_name, log_them=rank_zero_only.rank == 0)
-    return run_job(imported(task_function(cfg, task)), cfg, in_process=in_process, objective=objective)
+        apply_run_settings(cfg, HydraConfig.get().overrides.task, config_name, log_them=rank_zero)
+    return run_job(task_function(cfg, task), cfg, in_process=in_process, objective=objective)
 
 
 def run_entry_point(main: Callable[[], object], config_name: str, task: str | None = None) -> None:
@@ -208,11 +207,11 @@ def check_command_line(config_name: str, args: Sequence[str], task: str | None =
     """Check every job that ``args`` (Hydra's command-line arguments) would run: its keys and
     types here (:func:`composed_jobs`), its paths (:func:`check_paths`) and the values that need
     neither torch nor Lightning (:func:`~ddp_engine.config.early_checks.check_jobs_early`), then its
-    values with the objects built (:func:`ddp_engine.config.checks.check_jobs`). Between the two,
-    for a single run that starts its workers on this machine, the workers' forkserver starts
-    importing the module of ``task`` (:func:`task_function`)
-    (:func:`ddp_engine.launch.supervisor.preload_workers`; a sweep's launcher starts it with its
-    first job's workers, when its jobs run in this process).
+    values with the objects built (:func:`ddp_engine.config.checks.check_jobs`). For a single run
+    that starts its workers on this machine, those are checked in a process forked from the
+    workers' forkserver, which this starts importing the module of ``task`` (:func:`task_function`;
+    :func:`_checked_in_forkserver`); otherwise here (a sweep's launcher starts the forkserver with
+    its first job's workers, when its jobs run in this process).
 
     Returns:
         What the check found that Hydra's main needs, or None for a command line left to Hydra
@@ -230,19 +229,49 @@ def check_command_line(config_name: str, args: Sequence[str], task: str | None =
         check_paths(config_name, job.cfg)
     check_jobs_early(config_name, jobs)
     function = task_function(jobs[0].cfg, task) if task is not None and jobs else None
-    if function is not None and len(jobs) == 1 and not jobs[0].multirun and not launched_externally():
-        from ddp_engine.launch.supervisor import preload_workers
+    single_run_here = function is not None and len(jobs) == 1 and not jobs[0].multirun and not launched_externally()
+    if not (single_run_here and _checked_in_forkserver(function, config_name, jobs)):
+        # torch and Lightning, which take seconds to import, only now: the keys are known to be right.
+        from ddp_engine.config.checks import check_jobs
 
-        preload_workers(function.partition(":")[0])
-    # torch and Lightning, which take seconds to import, only now: the keys are known to be right.
-    from ddp_engine.config.checks import check_jobs
-
-    check_jobs(config_name, jobs)
+        check_jobs(config_name, jobs)
     if named_run_dir is not None and config_name != "export":  # an export runs in this process, with no lock
         from ddp_engine.launch.supervisor import hold_run_dir
 
         hold_run_dir(named_run_dir)  # before Hydra writes its config there
     return checked
+
+
+def _checked_in_forkserver(function: str, config_name: str, jobs: Sequence[Job]) -> bool:
+    """Start the forkserver of the job's workers, importing the module of ``function`` (the job's
+    task: torch, Lightning), and check the values in a process forked from it (:func:`check_values`),
+    so that this process, which trains nothing, never imports Lightning (seconds of CPU). False,
+    nothing checked, where the forkserver does not run (the workers' launch will say why).
+
+    Raises:
+        UsageError: the first problem found, as one line.
+    """
+    from ddp_engine.launch.supervisor import ForkserverUnavailable, preload_workers, run_in_forkserver
+
+    preload_workers(function.partition(":")[0])
+    try:
+        run_in_forkserver(f"{__name__}:{check_values.__name__}", config_name, jobs)
+    except ForkserverUnavailable:
+        return False
+    return True
+
+
+def check_values(config_name: str, jobs: Sequence[Job]) -> None:
+    """:func:`ddp_engine.config.checks.check_jobs` in a process forked from the workers' forkserver,
+    which has the task's module but not necessarily the command's: Hydra's resolvers
+    (``${hydra:...}``, ``${now:...}``) and the engine's (``${run_stamp:}``) are registered first."""
+    from hydra.core.utils import setup_globals
+
+    from ddp_engine.config.checks import check_jobs
+
+    setup_globals()
+    register_configs()
+    check_jobs(config_name, jobs)
 
 
 def _named_run_dir(jobs: Sequence[Job]) -> Path | None:

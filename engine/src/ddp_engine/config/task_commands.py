@@ -1,9 +1,6 @@
 """The task's own commands (``task.predict``, ``task.export``) and the functions a config names
 (``module:function``), as the engine finds them."""
 
-import importlib
-from collections.abc import Callable
-
 from omegaconf import DictConfig, OmegaConf
 
 from ddp_engine.core.errors import ConfigValueError
@@ -42,9 +39,3 @@ def task_function(cfg: DictConfig, task: str) -> str | None:
     """``task`` when it is ``module:function``, else what ``cfg`` holds at the key ``task`` names
     (``task.predict.run``: the task's own ``module:function``, None when the task has no predict)."""
     return task if ":" in task else OmegaConf.select(cfg, task)
-
-
-def imported(function: str) -> Callable:
-    """The function ``module:function`` names, its module imported."""
-    module, _, name = function.partition(":")
-    return getattr(importlib.import_module(module), name)

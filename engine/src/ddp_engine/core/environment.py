@@ -16,6 +16,8 @@ from typing import Any
 def external_launcher() -> Any | None:
     """The Lightning cluster environment class of the launcher that started this process
     (``TorchElasticEnvironment`` under torchrun, ``SLURMEnvironment`` under ``srun``), or None."""
+    if not launched_externally():  # the same answer, without importing Lightning (seconds)
+        return None
     from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
     for environment in (TorchElasticEnvironment, SLURMEnvironment):

@@ -3,14 +3,25 @@ records carry its global rank, and the console shows one copy of each Python war
 
 import logging
 
-from lightning.fabric.utilities.rank_zero import rank_zero_only
+# Lightning's own (``lightning.fabric.utilities.rank_zero`` re-exports it), without Lightning's import.
+from lightning_utilities.core.rank_zero import rank_zero_only
+
+from ddp_engine.core.environment import launcher_rank
+
+
+def global_rank() -> int:
+    """This process's global rank: Lightning's ``rank_zero_only.rank``, which Lightning sets when it
+    is imported and its strategy when the process group forms; before Lightning is imported (a
+    supervisor never imports it), the launcher's (:func:`~ddp_engine.core.environment.launcher_rank`)."""
+    rank = getattr(rank_zero_only, "rank", None)
+    return launcher_rank() if rank is None else rank
 
 
 class RankFilter(logging.Filter):
     """Adds ``record.rank``: this process's global rank (0 before the process group exists)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.rank = rank_zero_only.rank
+        record.rank = global_rank()
         return True
 
 
@@ -23,7 +34,7 @@ class RankZeroWarningsFilter(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.name != "py.warnings" or rank_zero_only.rank == 0
+        return record.name != "py.warnings" or global_rank() == 0
 
 
 class AgentFailureFilter(logging.Filter):

@@ -18,45 +18,43 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_engine.core.environment import launched_externally
+from ddp_engine.core.environment import launched_externally, launcher_rank
 from ddp_engine.core.errors import JobFailedError
 from ddp_engine.core.files import write_json
 from ddp_engine.core.lifetime import restore_stop_signals
 from ddp_engine.core.run_dir import METRICS_FILE, read_metrics, restart_hint, resume_command
-from ddp_engine.distributed.checkpoint_io import resume_point, with_global_step
-from ddp_engine.distributed.layout import processes_per_node
+from ddp_engine.distributed.resume_points import resume_point, with_global_step
 from ddp_engine.launch.kubeflow import write_train_job
 from ddp_engine.launch.supervisor import (
     JobInterrupted,
     collect_stacks,
     interrupt_job_on_stop_signals,
     launch,
+    preload_workers,
     remove_stacks,
     run_dir_lock,
+    run_in_forkserver,
     write_job_file,
 )
 from ddp_engine.launch.worker import end_process_group
-from ddp_engine.task import current
+from ddp_engine.task import current, imported
 
 log = logging.getLogger(__name__)
 
 
-def run_job(
-    task: Callable[[DictConfig], dict], cfg: DictConfig, in_process: bool = False, objective: str | None = None
-) -> dict:
+def run_job(task: str, cfg: DictConfig, in_process: bool = False, objective: str | None = None) -> dict:
     """Run ``task(cfg)`` in every process of this job and return global rank 0's metrics.
 
     Args:
-        task: the job's work in one process, a module-level function (the workers import it by
-            name); global rank 0 writes its metrics to ``metrics.json`` and returns them.
+        task: the job's work in one process, ``module:function`` (imported where it runs: a
+            supervisor, which runs none, imports no Lightning); global rank 0 writes its metrics
+            to ``metrics.json`` and returns them.
         cfg: the job's composed config.
         in_process: run ``task`` in this process only, with no process group (an export).
         objective: the metric a sweeper optimizes (``task.objective``), recorded as ``objective`` in
@@ -80,11 +78,11 @@ def run_job(
         return write_train_job(cfg, f"{current().package}.{HydraConfig.get().job.name}", typed)
     if in_process:
         restore_stop_signals()  # an export removes its partial file on KeyboardInterrupt
-        metrics = task(cfg)
+        metrics = imported(task)(cfg)
     elif launched_externally():
         # Before the process group forms; under torchrun this process is one of the job's.
         os.environ.update(cfg.launcher.env)
-        metrics = task(cfg)
+        metrics = imported(task)(cfg)
         # As the supervisor's workers do: a rank that exits with its process group alive while
         # global rank 0 still draws the test figures was aborted at exit (SIGABRT, "terminate
         # called without an active exception"), and torchrun failed the whole job.
@@ -96,7 +94,7 @@ def run_job(
         if metrics.get("status") == "failed":  # a failed job of a sweep: recorded as it is
             return metrics
     metrics = completed(metrics, overrides, objective)
-    if rank_zero_only.rank == 0:
+    if launcher_rank() == 0:
         write_json(run_dir / METRICS_FILE, metrics)
     return metrics
 
@@ -116,7 +114,7 @@ def completed(metrics: dict, overrides: list[str], objective: str | None) -> dic
     return {"status": "completed", "overrides": overrides, **({"objective": objective} if objective else {}), **metrics}
 
 
-def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig, objective: str | None = None) -> dict:
+def supervise(task: str, cfg: DictConfig, objective: str | None = None) -> dict:
     """:func:`run_job` on this machine: write the job file, run the workers, and read
     rank 0's metrics; a failure or a stop is recorded in ``metrics.json`` (see :func:`run_job`).
     A stop that comes once global rank 0's task has returned (its metrics written) keeps them: the
@@ -124,14 +122,14 @@ def supervise(task: Callable[[DictConfig], dict], cfg: DictConfig, objective: st
     run_dir, overrides = Path(cfg.paths.output_dir), list(HydraConfig.get().overrides.task)
     interrupt_job_on_stop_signals()  # a stop from here is the run's, recorded below
     try:
-        job_file = write_job_file(run_dir, f"{task.__module__}:{task.__name__}", cfg, HydraConfig.get().job_logging)
-        launch(
-            job_file,
-            task.__module__,
-            processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices),
-            cfg.launcher.rendezvous_timeout,
-            cfg.launcher.shutdown_timeout,
+        job_file = write_job_file(run_dir, task, cfg, HydraConfig.get().job_logging)
+        task_module = task.partition(":")[0]
+        preload_workers(task_module)
+        # Counted by Lightning's rules, in a process that has imported it: this one has not.
+        nproc_per_node = run_in_forkserver(
+            "ddp_engine.distributed.layout:processes_per_node", cfg.trainer.accelerator, cfg.trainer.devices
         )
+        launch(job_file, task_module, nproc_per_node, cfg.launcher.rendezvous_timeout, cfg.launcher.shutdown_timeout)
     except JobInterrupted as stopped:
         remove_stacks(run_dir)
         finished = read_metrics(run_dir)  # rank 0's own record (no status) once its task has returned

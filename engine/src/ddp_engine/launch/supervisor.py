@@ -42,16 +42,19 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
+from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TextIO
+from traceback import format_exc
+from typing import Any, TextIO
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ddp_engine.core.errors import ConfigValueError, JobFailedError
 from ddp_engine.core.files import write_atomically
-from ddp_engine.core.lifetime import SUPERVISOR_ENV, on_stop_signals
+from ddp_engine.core.lifetime import SUPERVISOR_ENV, end_with_parent, on_stop_signals
 from ddp_engine.distributed.failures import TIMEOUT_PATTERN, describe_failure, root_failure
 from ddp_engine.launch.worker import STACKS_DIR
+from ddp_engine.task import imported
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +303,70 @@ def preload_workers(task_module: str) -> None:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["ddp_engine.launch.forkserver_preload", task_module])
     start_forkserver(context)  # in this thread, which the forkserver ends with: the main one
+
+
+class ForkserverUnavailable(RuntimeError):
+    """The job's forkserver is not running: it could not start (its Python could not be executed)."""
+
+
+def run_in_forkserver(function: str, *args: object) -> Any:
+    """``function(*args)`` (``module:function``) in a process forked from the job's forkserver
+    (:func:`preload_workers`, called first), which imports torch, Lightning and the task for the
+    workers: its value returned here, and an exception it raises (a refusal) raised here. The
+    process takes this one's environment, and ends with the forkserver, which ends with this one.
+
+    Raises:
+        ForkserverUnavailable: the forkserver is not running (its interpreter could not be executed).
+        RuntimeError: the process ended without an answer (its exit code said), or ``function``
+            raised an exception that cannot be sent back (its traceback said).
+    """
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_answer, args=(function, args, dict(os.environ), os.getpid(), send))
+    try:
+        process.start()
+    except OSError as error:  # nothing listens on the forkserver's socket
+        receive.close()
+        raise ForkserverUnavailable(f"The job's forkserver is not running ({error}).") from None
+    finally:
+        send.close()  # the child's copy is its own: recv() ends with EOFError once the child has gone
+    try:
+        failed, value = receive.recv()
+    except EOFError:
+        process.join()
+        raise RuntimeError(
+            f"{function} ended without an answer (exit code {process.exitcode}) in a process forked from the "
+            "job's forkserver."
+        ) from None
+    finally:
+        receive.close()
+    process.join()
+    if failed:
+        raise value
+    return value
+
+
+def _answer(function: str, args: tuple, environ: dict[str, str], supervisor: int, send: Connection) -> None:
+    """What :func:`run_in_forkserver`'s process runs: ``function(*args)`` in the supervisor's
+    environment, sending back ``(False, value)`` or ``(True, the exception)``."""
+    from setproctitle import setproctitle
+
+    from ddp_engine.launch import forkserver_preload
+
+    end_with_parent(forkserver_preload.FORKSERVER_PID, "forkserver")
+    setproctitle(f"ddp_engine {function} for pid {supervisor}")
+    os.environ.clear()
+    os.environ.update(environ)
+    try:
+        answer = (False, imported(function)(*args))
+    except Exception as error:
+        answer = (True, error)
+    try:
+        send.send(answer)
+    except Exception:  # an exception or a value that does not pickle: its traceback, as text
+        send.send((True, RuntimeError(f"{function} in a process forked from the job's forkserver:\n{format_exc()}")))
 
 
 def launch(

@@ -216,7 +216,7 @@ def plan_jobs(
             runs[index] = job_return(PlannedJob(index, overrides, config, job_dir))
             continue
         if plan is JobPlan.RESUME:
-            from ddp_engine.distributed.checkpoint_io import resume_point  # torch: only for a resume
+            from ddp_engine.distributed.resume_points import resume_point  # torch: only for a resume
 
             log.info(f"\t#{index} resumes in place from {resume_point(job_dir)}")
             overrides = [*overrides, RESUMED]

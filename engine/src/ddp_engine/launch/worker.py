@@ -23,7 +23,6 @@ Every way a worker can end is bounded:
 """
 
 import faulthandler
-import importlib
 import logging
 import logging.config
 import os
@@ -39,6 +38,7 @@ from typing import Any
 from ddp_engine.core.compat import run_exit_handlers
 from ddp_engine.core.console import drop_output_when_closed
 from ddp_engine.core.lifetime import STOP_SIGNALS, end_with_parent
+from ddp_engine.task import imported
 
 log = logging.getLogger(__name__)
 
@@ -219,8 +219,7 @@ def main(job_file: str) -> None:
     stacks_file.parent.mkdir(parents=True, exist_ok=True)
     dump_stacks_on_stop_signals(open(stacks_file, "w"))  # noqa: SIM115 -- open for the process's life
     TerminationWatchdog(grace=config.launcher.shutdown_timeout)
-    module, _, function = job.task.partition(":")
-    task = getattr(importlib.import_module(module), function)
+    task = imported(job.task)
     try:
         results = task(config)
         if rank == 0:  # global rank 0's results, which the supervisor reads back from the run directory

@@ -22,9 +22,9 @@ from ddp_engine.callbacks.signals import stop_on_signals
 from ddp_engine.core.environment import launcher_restarts, trainjob_name
 from ddp_engine.core.objective import metrics_line
 from ddp_engine.data.sharded import ShardedDataModule
-from ddp_engine.distributed.checkpoint_io import in_place_resume_step
 from ddp_engine.distributed.layout import scale_learning_rate
 from ddp_engine.distributed.options import LRScaling
+from ddp_engine.distributed.resume_points import in_place_resume_step
 from ddp_engine.loggers.trackers import build_loggers, record_tracker_runs
 from ddp_engine.models.build import build_model
 from ddp_engine.models.optimization import optimizer_lr

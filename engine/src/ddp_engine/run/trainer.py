@@ -12,11 +12,11 @@ from omegaconf import DictConfig
 from ddp_engine.callbacks.exact_resume import ExactResume
 from ddp_engine.callbacks.objective import ObjectiveLogged
 from ddp_engine.core.environment import resumes_in_place
-from ddp_engine.distributed.checkpoint_io import resume_point
 from ddp_engine.distributed.layout import (
     data_parallel_layout,
     resolve_devices,
 )
+from ddp_engine.distributed.resume_points import resume_point
 from ddp_engine.loggers.trackers import build_loggers
 
 
@@ -77,7 +77,7 @@ def build_trainer(
 
 def checkpoint_to_resume(ckpt_path: str | None, trainer: L.Trainer) -> str | None:
     """What ``trainer.fit`` resumes from: ``ckpt_path`` when given, ``last`` being the run's
-    :func:`~ddp_engine.distributed.checkpoint_io.resume_point` (its newest complete checkpoint);
+    :func:`~ddp_engine.distributed.resume_points.resume_point` (its newest complete checkpoint);
     otherwise, when the launcher has restarted this job (torchrun ``--max-restarts``, a SLURM
     requeue) or it runs in a Kubeflow TrainJob's pod (:func:`resumes_in_place`), that resume point
     too (``"last"`` where it has none: Lightning then starts afresh). The run directory is the same across restarts
