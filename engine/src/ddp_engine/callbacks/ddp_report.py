@@ -91,8 +91,8 @@ class DDPSettingsReport(L.Callback):
         }
         payload = None if buckets is None else allreduce_bytes(buckets, settings["comm_hook"])
         settings["allreduce_bytes_per_step"] = payload
-        ring = 2 * (settings["world_size"] - 1) / settings["world_size"]
-        settings["allreduce_sent_bytes_per_rank"] = None if payload is None else round(ring * payload)
+        sent = None if payload is None else ring_sent_bytes(payload, settings["world_size"])
+        settings["allreduce_sent_bytes_per_rank"] = sent
         write_json(self.path, settings)
         return settings
 
@@ -108,3 +108,9 @@ def allreduce_bytes(bucket_sizes: list[int], comm_hook: str) -> int | None:
     None for a hook whose volume is not a fixed share of the buckets (PowerSGD)."""
     share = HOOK_BYTES_PER_GRADIENT_BYTE.get(comm_hook)
     return None if share is None else round(sum(bucket_sizes) * share)
+
+
+def ring_sent_bytes(payload: int, world_size: int) -> int:
+    """What a ring AllReduce of ``payload`` bytes sends from each of ``world_size`` ranks:
+    2 (W - 1) / W times the payload (its reduce-scatter, then its all-gather)."""
+    return round(2 * (world_size - 1) / world_size * payload)

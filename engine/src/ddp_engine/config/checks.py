@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ddp_engine.config.compose import Job, child_config, sweep_jobs, task_overrides
 from ddp_engine.config.early_checks import (
+    PLAN,
     check_max_epochs,
     check_num_nodes,
     check_submitted_devices,
@@ -61,7 +62,7 @@ from ddp_engine.core.files import check_writable
 from ddp_engine.core.run_dir import LAST_CHECKPOINT, METRICS_FILE, restart_hint, run_status
 from ddp_engine.distributed.checkpoint_io import check_checkpoint
 from ddp_engine.distributed.layout import check_device_options, processes_per_node, resolve_devices, uses_cuda
-from ddp_engine.distributed.layout_rules import per_device_batch_size, scale_learning_rate
+from ddp_engine.distributed.layout_rules import per_device_batch_size, planned_world_size, scale_learning_rate
 from ddp_engine.launch.supervisor import check_rendezvous_address, check_run_dir_free
 from ddp_engine.launch.sweep_launcher import hold_sweep
 from ddp_engine.loggers.trackers import check_tracker_packages
@@ -106,7 +107,7 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
         if config_name == "export":
             datamodule = check_export_job(cfg)
         else:
-            datamodule = check_job(cfg, training=training, submitted=submitted)
+            datamodule = check_job(cfg, training=training, submitted=submitted, planned=config_name == PLAN)
         model = check_model(cfg, cfg.model, datamodule, config_name)
         if cfg.get("ckpt_path") not in (None, "last"):  # "last": Lightning finds the run's own
             check_checkpoint(cfg.ckpt_path, model)
@@ -121,7 +122,8 @@ def check_jobs(config_name: str, jobs: Sequence[Job]) -> None:
             continue
         if (data := OmegaConf.to_container(cfg.data, resolve=True)) not in [node for node, _ in data_sets]:
             data_sets.append((data, datamodule))  # the one built (and described) in its job: not scanned again
-    if not launched_externally() and not submitted and config_name != "export":  # an export forms no process group
+    # An export forms no process group, a plan a fake one.
+    if not launched_externally() and not submitted and config_name not in ("export", PLAN):
         check_rendezvous_address()
     resume = cfg.get("ckpt_path") == "last"
     if job.multirun:
@@ -458,12 +460,15 @@ def check_data(datamodule: L.LightningDataModule, training: bool) -> None:
         _call_data(datamodule, datamodule.check_splits)
 
 
-def check_job(cfg: DictConfig, training: bool = True, submitted: bool = False) -> L.LightningDataModule:
+def check_job(
+    cfg: DictConfig, training: bool = True, submitted: bool = False, planned: bool = False
+) -> L.LightningDataModule:
     """Build the cheap parts of one job (its model: :func:`check_model`) and check its layout (for
     ``training``, also that the global batch splits evenly over the processes: evaluation takes no
     optimizer step). A job ``submitted`` to a SLURM cluster (``hydra/launcher=slurm``; default False)
     runs on other machines: their devices are not this machine's (its GPUs are not counted, several
-    nodes are allowed), and its process count is ``trainer.devices`` per node.
+    nodes are allowed), and its process count is ``trainer.devices`` per node; so is a ``planned``
+    one's (``python -m <package>.plan``), whose devices are the cluster's it plans for.
 
     Returns:
         The DataModule it built, for the model's check.
@@ -474,10 +479,13 @@ def check_job(cfg: DictConfig, training: bool = True, submitted: bool = False) -
     built = build_groups(cfg, ("data", "strategy", "callbacks"))
     accelerator, _ = resolve_devices(cfg.trainer.accelerator, cfg.trainer.devices)
     cuda = uses_cuda(accelerator)
-    check_num_nodes(cfg.trainer.num_nodes, submitted)
+    check_num_nodes(cfg.trainer.num_nodes, submitted or planned)
     if submitted:
         check_submitted_devices(cfg.trainer.devices)
         devices_per_node = cfg.trainer.devices
+    elif planned:
+        nodes = cfg.trainer.num_nodes
+        devices_per_node = planned_world_size(cfg.trainer.accelerator, cfg.trainer.devices, nodes) // nodes
     else:
         devices_per_node = processes_per_node(cfg.trainer.accelerator, cfg.trainer.devices)
         check_launch_environment(cfg.trainer.num_nodes, devices_per_node)

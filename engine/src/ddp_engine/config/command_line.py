@@ -1,4 +1,4 @@
-"""The command line of ``python -m <package>.<train|eval|predict|export>``: checked, then run.
+"""The command line of ``python -m <package>.<train|eval|predict|export|plan>``: checked, then run.
 
 The check comes in two steps, both before Hydra creates a run directory and before any process
 starts. First the keys and types (:mod:`ddp_engine.config.compose`) and the values that need
@@ -66,6 +66,7 @@ COMMANDS = {
     "eval": Command("eval", "ddp_engine.run.evaluate:evaluate", result="checkpoint"),
     "predict": Command("predict", "task.predict.run", result="predictions"),
     "export": Command("export", "task.export.run", result="output", in_process=True),
+    "plan": Command("plan", "ddp_engine.run.plan:plan", result="plan", in_process=True),
 }
 
 
@@ -77,7 +78,7 @@ def entry_point(task: Task, command: str) -> tuple[Callable[[], object], Callabl
 
     Args:
         task: the task whose command this is (:func:`ddp_engine.task.register`s it).
-        command: ``train``, ``eval``, ``predict`` or ``export``.
+        command: ``train``, ``eval``, ``predict``, ``export`` or ``plan``.
     """
     register(task)
     register_configs()
@@ -235,7 +236,7 @@ def check_command_line(config_name: str, args: Sequence[str], task: str | None =
         from ddp_engine.config.checks import check_jobs
 
         check_jobs(config_name, jobs)
-    if named_run_dir is not None and config_name != "export":  # an export runs in this process, with no lock
+    if named_run_dir is not None and config_name not in ("export", "plan"):  # they run in this process, with no lock
         from ddp_engine.launch.supervisor import hold_run_dir
 
         hold_run_dir(named_run_dir)  # before Hydra writes its config there

@@ -20,11 +20,19 @@ from ddp_engine.config.compose import Job
 from ddp_engine.config.saved_run import CHECKPOINT_USES
 from ddp_engine.core.environment import launched_externally
 from ddp_engine.core.errors import ConfigValueError
-from ddp_engine.distributed.layout_rules import check_devices, known_world_size, per_device_batch_size
+from ddp_engine.distributed.device_memory import device_memory_gib
+from ddp_engine.distributed.layout_rules import (
+    check_devices,
+    known_world_size,
+    per_device_batch_size,
+    planned_world_size,
+)
 from ddp_engine.launch.kubeflow import check_train_job
 
 #: The launcher that submits a sweep's jobs to SLURM (hydra/launcher=slurm): they run on other machines.
 SLURM_LAUNCHER = "hydra_plugins.ddp_engine_slurm_launcher.SlurmSweepLauncher"
+#: The command that plans a training's layout (``python -m <package>.plan``): its devices are a cluster's.
+PLAN = "plan"
 
 
 def submitted_to_slurm(jobs: Sequence[Job]) -> bool:
@@ -70,7 +78,9 @@ def check_job_early(config_name: str, cfg: DictConfig, submitted: bool = False) 
         UsageError: the first problem found, as one line.
     """
     training = config_name not in CHECKPOINT_USES
-    if config_name != "export":
+    if config_name == PLAN:
+        check_plan(cfg, check_planned_layout(cfg))
+    elif config_name != "export":
         check_layout(cfg, training, submitted)
     if not training:
         return
@@ -105,6 +115,42 @@ def check_layout(cfg: DictConfig, training: bool, submitted: bool) -> None:
     if training and world_size is not None and global_batch_size is not UNKNOWN:
         resume = bool(cfg.get("ckpt_path"))
         per_device_batch_size(global_batch_size, world_size, trainer.accumulate_grad_batches, resume)
+
+
+def check_planned_layout(cfg: DictConfig) -> int:
+    """The layout of a plan (``python -m <package>.plan``), checked as a training's on the cluster it
+    names: any number of nodes, ``trainer.devices`` a count
+    (:func:`~ddp_engine.distributed.layout_rules.planned_world_size`), the global batch's split.
+
+    Returns:
+        The world size.
+
+    Raises:
+        ConfigValueError: naming the key and what is allowed (a split's: the training's refusal).
+    """
+    trainer = cfg.trainer
+    check_num_nodes(trainer.num_nodes, submitted=True)
+    world_size = planned_world_size(trainer.accelerator, plain_value(trainer, "devices"), trainer.num_nodes)
+    per_device_batch_size(plain_value(cfg.data, "global_batch_size"), world_size, trainer.accumulate_grad_batches)
+    return world_size
+
+
+def check_plan(cfg: DictConfig, world_size: int) -> None:
+    """The ``plan`` keys of a plan of ``world_size`` processes: its rank, its device's memory, the
+    network's bandwidth and the step time it is given.
+
+    Raises:
+        ConfigValueError: naming the key and what is allowed.
+    """
+    plan = cfg.plan
+    if not 0 <= plan.global_rank < world_size:
+        raise ConfigValueError(
+            f"plan.global_rank={plan.global_rank} is not a rank of world_size={world_size}: use 0 to {world_size - 1}."
+        )
+    device_memory_gib(plan.device, plan.device_memory_gib)
+    for key in ("network_gbps", "step_seconds"):
+        if (value := plan[key]) is not None and not value > 0:
+            raise ConfigValueError(f"plan.{key}={value} must be positive (or null: not known).")
 
 
 def check_num_nodes(num_nodes: int, submitted: bool) -> None:

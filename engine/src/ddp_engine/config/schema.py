@@ -290,6 +290,31 @@ class PredictConfig(JobConfig):
 
 
 @dataclass
+class PlanSettings:
+    """``plan``: what ``python -m <package>.plan`` plans for, beyond the training's own keys.
+
+    ``global_rank``: the rank it runs as (of ``trainer.num_nodes`` x ``trainer.devices``); ``device``:
+    a GPU whose memory it knows (``h100``: :data:`~ddp_engine.distributed.device_memory.DEVICE_MEMORY_GIB`),
+    or ``device_memory_gib``, which wins; ``network_gbps``: the bandwidth each rank sends AllReduce's
+    bytes at (Gbit/s); ``step_seconds``: a measured compute time per optimizer step (None: not known).
+    """
+
+    global_rank: int = MISSING
+    device: str | None = MISSING
+    device_memory_gib: float | None = MISSING
+    network_gbps: float | None = MISSING
+    step_seconds: float | None = MISSING
+
+
+@dataclass
+class PlanConfig(Config):
+    """The composed config of ``python -m <package>.plan`` (``conf/plan.yaml``): the training's, whose
+    layout it plans, and ``plan``."""
+
+    plan: PlanSettings = MISSING
+
+
+@dataclass
 class ExportConfig:
     """The composed config of ``python -m <package>.export``: one process, no Trainer (so no
     ``trainer``, ``strategy``, ``logger``, ``callbacks`` or ``launcher``); a task's export adds its own
@@ -307,7 +332,7 @@ class ExportConfig:
 
 def register_configs() -> None:
     """Store the schemas and the task in Hydra's ConfigStore: the engine's schemas (``config_schema``,
-    ``eval_schema``, ``predict_schema``, ``export_schema``: ``conf/engine/``), then the task's own
+    ``eval_schema``, ``predict_schema``, ``export_schema``, ``plan_schema``: ``conf/engine/``), then the task's own
     (:attr:`~ddp_engine.task.Task.schemas`, which may replace the last two), and the task's facts as
     ``task/default`` (:meth:`~ddp_engine.task.Task.config_node`); and register the resolvers
     ``${run_stamp:}``, the run directory names (:func:`ddp_engine.core.environment.run_stamp`), and
@@ -328,6 +353,7 @@ def register_configs() -> None:
         ("eval", EvalConfig),
         ("predict", PredictConfig),
         ("export", ExportConfig),
+        ("plan", PlanConfig),
     ):
         store.store(name=f"{name}_schema", node=schema)
     current().schemas(store)

@@ -60,6 +60,13 @@ torch
       consolidated copy of every rank's state that ``consolidate_state_dict`` leaves on rank 0, with
       no public way to free it once the checkpoint holding it is written. Without it: the copy stays
       on rank 0 between checkpoints.
+    - ``ZeroRedundancyOptimizer._partition_parameters()`` (:func:`zero_partition`): which rank
+      keeps which parameters' state is torch's choice, and only this rank's share is public
+      (``optim.param_groups``). Without it: a plan gives ZeRO-1's state for its own rank only.
+    - ``torch.testing._internal.distributed.fake_pg`` (imported, :func:`init_fake_process_group`):
+      torch's process group without peers is the public ``Backend.FAKE`` in torch 2.14; older
+      releases register it, with its store, in that module. Without either: a plan runs no step as
+      its rank.
     - ``torch.distributed.elastic.rendezvous.dynamic_rendezvous.get_method_name`` (replaced,
       :func:`name_rendezvous_events_by_frame`): the c10d rendezvous names each event it records by
       its caller through ``inspect.stack()``, which maps every frame of the stack to its module and
@@ -542,6 +549,44 @@ def release_consolidated_state(optimizer: "ZeroRedundancyOptimizer") -> None:
             "ZeroRedundancyOptimizer._all_state_dicts",
             "rank 0 keeps the consolidated optimizer state of all ranks between checkpoints.",
         )
+
+
+def zero_partition(optimizer: "ZeroRedundancyOptimizer") -> "list[list[torch.Tensor]] | None":
+    """The parameters each rank of ``optimizer``'s process group keeps the state of (ZeRO-1), rank by
+    rank: torch's ``ZeroRedundancyOptimizer._partition_parameters()`` (each rank's parameter groups);
+    None, said once, where torch no longer has it."""
+    try:
+        groups_per_rank = _private(optimizer, "_partition_parameters")()
+        return [[param for group in groups for param in group["params"]] for groups in groups_per_rank]
+    except (AttributeError, TypeError, KeyError):
+        _lost(
+            "ZeroRedundancyOptimizer._partition_parameters",
+            "the plan gives ZeRO-1's optimizer state of its own rank only, not the largest rank's.",
+        )
+        return None
+
+
+def init_fake_process_group(rank: int, world_size: int) -> bool:
+    """Form torch's fake process group as ``rank`` of ``world_size`` in this process alone (its
+    collectives move nothing): the public ``Backend.FAKE`` of torch 2.14, whose
+    ``init_process_group`` makes its own store; on older releases the backend and its store of
+    ``torch.testing._internal.distributed.fake_pg``. Returns False, said once, where neither is there
+    (no group is formed)."""
+    import importlib
+
+    import torch.distributed as dist
+
+    if hasattr(dist.Backend, "FAKE"):
+        dist.init_process_group(dist.Backend.FAKE, rank=rank, world_size=world_size)
+        return True
+    try:
+        fake_pg = importlib.import_module("torch.testing._internal.distributed.fake_pg")
+        store = fake_pg.FakeStore()
+    except (ImportError, AttributeError):
+        _lost("torch.distributed.Backend.FAKE", "the plan runs no training step as its rank over a fake process group.")
+        return False
+    dist.init_process_group("fake", store=store, rank=rank, world_size=world_size)
+    return True
 
 
 def run_exit_handlers() -> bool:

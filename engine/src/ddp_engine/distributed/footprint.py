@@ -133,3 +133,40 @@ def tensor_footprint(
         ddp_buckets=buckets,
         optimizer_state=storage_bytes(state),
     )
+
+
+class SavedActivations:
+    """Counts the bytes autograd keeps from a forward pass for its backward (the activations),
+    each storage once, leaving out ``excluded`` tensors' storages (the parameters, which a layer
+    saves too): entered before the forward, exited before the backward; :attr:`bytes` is then the
+    count. torch's public ``saved_tensors_hooks`` see every tensor saved."""
+
+    def __init__(self, excluded: Iterable[Tensor] = ()) -> None:
+        self._excluded = {(tensor.device, tensor.untyped_storage().data_ptr()) for tensor in excluded}
+        self._seen: dict[tuple[torch.device, int], int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self._seen.values())
+
+    def _pack(self, tensor: Tensor) -> Tensor:
+        storage = tensor.untyped_storage()
+        key = (tensor.device, storage.data_ptr())
+        if key not in self._excluded:
+            self._seen[key] = storage.nbytes()
+        return tensor
+
+    def __enter__(self) -> "SavedActivations":
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._hooks.__exit__(*exc_info)
+
+
+def state_bytes_per_parameter(optimizer: torch.optim.Optimizer) -> dict[Tensor, int]:
+    """The bytes of ``optimizer``'s state entry of each parameter it holds one of, each storage once
+    per entry (a ``ZeroRedundancyOptimizer``'s: this rank's share, its local optimizer's)."""
+    state = optimizer.optim.state if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer.state
+    return {param: storage_bytes(_tensors_in(entry)) for param, entry in state.items()}

@@ -90,6 +90,25 @@ def known_world_size(accelerator: str, devices: Any, num_nodes: int) -> int | No
     return num_nodes * per_node if per_node > 0 and isinstance(num_nodes, int) and num_nodes > 0 else None
 
 
+def planned_world_size(accelerator: str, devices: Any, num_nodes: int) -> int:
+    """The world size of a planned layout (``python -m <package>.plan``): ``trainer.num_nodes`` x the
+    processes per node, which its config must tell (:func:`known_world_size`), as its devices are
+    the cluster's, not this machine's.
+
+    Raises:
+        ConfigValueError: for a ``trainer.devices`` that counts this machine's GPUs (``auto``, ``-1``),
+            or that no accelerator runs (:func:`check_devices`).
+    """
+    check_devices(accelerator, devices)
+    world_size = known_world_size(accelerator, devices, num_nodes)
+    if world_size is None:
+        raise ConfigValueError(
+            f"trainer.devices={devices} counts this machine's GPUs, and a plan is for the cluster's: set "
+            "trainer.devices=<GPUs per node> (and trainer.num_nodes=<nodes>)."
+        )
+    return world_size
+
+
 def per_device_batch_size(
     global_batch_size: int, world_size: int, accumulate_grad_batches: int = 1, resume: bool = False
 ) -> int:

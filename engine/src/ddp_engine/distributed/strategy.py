@@ -182,5 +182,18 @@ class CommHookDDPStrategy(DDPStrategy):
             )
             self.model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         else:
-            hook = {CommHook.fp16: default_hooks.fp16_compress_hook, CommHook.bf16: default_hooks.bf16_compress_hook}
-            self.model.register_comm_hook(None, hook[self.comm_hook])
+            self.model.register_comm_hook(None, COMPRESS_HOOKS[self.comm_hook])
+
+    @property
+    def comm_hook_name(self) -> str:
+        """DDP's name of the hook :meth:`register_comm_hook` registers (``none`` without one):
+        the name ``ddp.json`` records as ``comm_hook``."""
+        if self.comm_hook is CommHook.none:
+            return "none"
+        if self.comm_hook is CommHook.powersgd:
+            return powerSGD_hook.powerSGD_hook.__name__
+        return COMPRESS_HOOKS[self.comm_hook].__name__
+
+
+#: torch's hooks that cast each bucket to 16 bits for the AllReduce.
+COMPRESS_HOOKS = {CommHook.fp16: default_hooks.fp16_compress_hook, CommHook.bf16: default_hooks.bf16_compress_hook}
