@@ -53,9 +53,10 @@ def test_the_schema_holds_no_values(dataclass):
 TASKS = {task.package: task for task in (SENSOR_TASK, VISION_TASK)}
 REQUIRED = {
     "sensor_task": {"config": ["data.path"], "eval": ["data.path", "ckpt_path"], "predict": ["data.path", "ckpt_path"],
-                  "export": ["data.path", "ckpt_path"]},
+                  "export": ["data.path", "ckpt_path"], "plan": ["data.path"]},
     "vision_task": {"config": ["data.root"], "eval": ["data.root", "ckpt_path"],
-                  "predict": ["data.root", "ckpt_path", "input"], "export": ["data.root", "ckpt_path"]},
+                  "predict": ["data.root", "ckpt_path", "input"], "export": ["data.root", "ckpt_path"],
+                  "plan": ["data.root"]},
 }  # fmt: skip
 
 
