@@ -354,4 +354,4 @@ def _fit(total: int | None, memory: int) -> str:
     """Whether ``total`` fits in ``memory``, with the share it takes."""
     if total is None:
         return "-"
-    return f"{'yes' if total <= memory else 'NO'} {total / memory:.2%}"
+    return f"{'yes' if total <= memory else 'NO'} {100 * total / memory:.2g}%"
