@@ -10,11 +10,12 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from private_api import hidden_private_api, lost_lines
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from ddp_engine.config.early_checks import check_plan, check_planned_layout
 from ddp_engine.core import compat
 from ddp_engine.core.compat import init_fake_process_group, zero_partition
 from ddp_engine.core.errors import ConfigValueError
@@ -124,3 +125,35 @@ def test_a_layout_that_does_not_fit_is_refused_with_what_would():
     figures(7).check_fit(plan_config(sharding=True))  # sharded already: its 6.5 GiB fit
     with pytest.raises(ConfigValueError, match=r"holds 6.5 GiB, and it has 6 GiB .*: a smaller per-device batch"):
         figures(6).check_fit(plan_config(sharding=True))
+
+
+def planned(**keys) -> DictConfig:
+    """A plan's config of 8 nodes x 8 GPUs at global batch 512, with ``keys`` (dotted) set."""
+    cfg = plan_config()
+    cfg.trainer.update({"accelerator": "gpu", "devices": 8})
+    cfg.data.global_batch_size = 512
+    for key, value in keys.items():
+        OmegaConf.update(cfg, key.replace("__", "."), value)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("keys", "refusal"),
+    [
+        (
+            {"trainer__devices": "auto"},
+            "trainer.devices=auto counts this machine's GPUs, and a plan is for the cluster's",
+        ),
+        ({"data__global_batch_size": 100}, "data.global_batch_size=100 does not split evenly over world_size=64"),
+        ({"plan__global_rank": 64}, "plan.global_rank=64 is not a rank of world_size=64: use 0 to 63."),
+        ({"plan__network_gbps": 0}, "plan.network_gbps=0 must be positive (or null: not known)."),
+        ({"plan__device": "tpu"}, "plan.device=tpu is not a device whose memory is known"),
+    ],
+    ids=["devices_auto", "batch_split", "rank", "bandwidth", "device"],
+)
+def test_a_plans_keys_are_checked_before_torch_for_the_planned_cluster(keys, refusal):
+    check_plan(planned(), check_planned_layout(planned()))  # 8 x 8 nodes on a machine without GPUs: planned
+    with pytest.raises(ConfigValueError) as refused:
+        cfg = planned(**keys)
+        check_plan(cfg, check_planned_layout(cfg))
+    assert str(refused.value).startswith(refusal)
