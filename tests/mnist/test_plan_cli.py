@@ -60,7 +60,10 @@ def test_a_plan_of_8_nodes_x_8_gpus_splits_the_batch_scales_the_rate_and_counts_
 def test_a_plan_at_world_size_2_agrees_with_what_the_2_process_run_measured(
     synthetic_run, synthetic_data_dir, tmp_path
 ):
-    log_dir, _ = synthetic_run  # the same command line as that run's, planned instead of trained
+    # The same command line as that run's, planned instead of trained. Measured here: both count 615,016
+    # bytes of parameters, of gradients and of DDP buckets, 1,230,064 of AdamW's state, and AllReduce
+    # 615,016 bytes per step (to the byte); the test allows the 10%.
+    log_dir, _ = synthetic_run
     result = run_cli(
         f"data.data_dir={synthetic_data_dir}", "data.val_size=200", "data.global_batch_size=64",
         "trainer.accelerator=cpu", "trainer.devices=2", "plan.device_memory_gib=0.01",
