@@ -75,13 +75,14 @@ def test_a_read_only_log_folder_is_refused(sensor_data):
 
 
 # Mostly the image task's commands: its data set's keys are typed by a schema, which Hydra checks
-# alone. (A DataModule without one, such as the regression's, is checked against its class's
-# signature, which imports the class, torch with it, when its __init__ passes **kwargs on.)
+# alone. A DataModule without one, such as the regression's, is checked against its class's
+# signature, read from its source and its base class's (its __init__ passes **kwargs on).
 @pytest.mark.parametrize(
     ("module", "typos", "error"),
     [
         ("vision_task.train", ["data.global_batch_sze=64"], "Unknown key data.global_batch_sze"),
         ("sensor_task.eval", ["trainer.devics=2"], "Unknown key trainer.devics"),
+        ("sensor_task.train", ["data.pth=windows.npz"], "Unknown key data.pth"),
         # Paths that name nothing need no torch either (config/command_line.check_paths): a
         # checkpoint (also through ${hydra:...}, resolved as in the job), a prediction's input, an
         # export's output that exists. {files} holds a .ckpt and a .onnx file.

@@ -278,23 +278,57 @@ def constructor_arguments(target: str, key: str = "data") -> tuple[str, ...] | N
     return None
 
 
-def _source_arguments(module: str, name: str) -> tuple[str, ...] | None:
+def _source_arguments(module: str, name: str, depth: int = 0) -> tuple[str, ...] | None:
     """The arguments of class ``name``'s ``__init__`` in ``module``'s source file, parsed, not
-    imported; None where that does not tell them all (no such source or class, no ``__init__`` of
-    its own, ``**kwargs``)."""
+    imported, following ``**kwargs`` (or a class without ``__init__`` of its own) to its one base
+    class where the source names where it comes from (a class of the module, or an import of it);
+    None where the sources do not tell them all (no source, several bases, a base such as
+    ``L.LightningDataModule``, ``**kwargs`` all the way up)."""
+    found = _class_source(module, name)
+    if found is None or depth > 8:
+        return None
+    klass, tree, module, package = found
+    init = next((node for node in klass.body if isinstance(node, ast.FunctionDef) and node.name == "__init__"), None)
+    names = [argument.arg for argument in [*init.args.args[1:], *init.args.kwonlyargs]] if init is not None else []
+    if init is not None and init.args.kwarg is None:
+        return tuple(names)
+    if len(klass.bases) != 1 or not isinstance(klass.bases[0], ast.Name):
+        return None
+    base = _import_of(klass.bases[0].id, tree, module, package)
+    inherited = _source_arguments(*base, depth + 1) if base is not None else None
+    return None if inherited is None else tuple(dict.fromkeys([*names, *inherited]))
+
+
+def _class_source(module: str, name: str, depth: int = 0) -> tuple[ast.ClassDef, ast.Module, str, str] | None:
+    """Class ``name`` of ``module``'s source file, or of the module it imports it from (a re-export,
+    such as ``ddp_engine.api``'s): the class, its file parsed, its module and that module's package;
+    None where no Python source defines it."""
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return None
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+    if spec is None or not spec.origin or not spec.origin.endswith(".py") or depth > 8:
         return None
     tree = ast.parse(Path(spec.origin).read_text())
     klass = next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name), None)
-    body = klass.body if klass is not None else []
-    init = next((node for node in body if isinstance(node, ast.FunctionDef) and node.name == "__init__"), None)
-    if init is None or init.args.kwarg is not None:
-        return None
-    return tuple(argument.arg for argument in [*init.args.args[1:], *init.args.kwonlyargs])
+    if klass is not None:
+        return klass, tree, module, spec.parent
+    imported = _import_of(name, tree, module, spec.parent)
+    return None if imported is None or imported[0] == module else _class_source(*imported, depth + 1)
+
+
+def _import_of(name: str, tree: ast.Module, module: str, package: str) -> tuple[str, str] | None:
+    """``(module, class name)`` of what ``name`` is in the module ``tree`` was parsed from: a class of
+    its own, or one it imports by name (``from x import Base``, also under ``if TYPE_CHECKING:``)."""
+    if any(isinstance(node, ast.ClassDef) and node.name == name for node in tree.body):
+        return module, name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    source = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+                    return source, alias.name
+    return None
 
 
 def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
