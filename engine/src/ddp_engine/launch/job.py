@@ -72,7 +72,7 @@ def run_job(task: str, cfg: DictConfig, in_process: bool = False, objective: str
     """
     run_dir = Path(cfg.paths.output_dir)
     overrides = list(HydraConfig.get().overrides.task)
-    if cfg.launcher.get("kubeflow") is not None and not launched_externally():
+    if not in_process and cfg.launcher.get("kubeflow") is not None and not launched_externally():  # export: no launcher
         # As typed: an override's interpolation (${paths.output_dir}) resolves in the pods, for their run.
         typed = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
         return write_train_job(cfg, f"{current().package}.{HydraConfig.get().job.name}", typed)
