@@ -22,7 +22,7 @@ from ddp_engine.core.errors import ConfigValueError
 from ddp_engine.distributed.device_memory import device_memory_gib
 from ddp_engine.distributed.footprint import SavedActivations
 from ddp_engine.distributed.strategy import CommHookDDPStrategy
-from ddp_engine.run.plan import GIB, PlanFigures
+from ddp_engine.run.plan import GIB, PlanFigures, _fit
 
 IN, OUT, BATCH = 300, 70, 8
 
@@ -81,7 +81,9 @@ def test_the_activations_of_a_forward_are_what_autograd_keeps_for_the_backward()
 
 
 def test_a_device_is_named_or_sized():
-    assert device_memory_gib("H100", None) == 80 and device_memory_gib("a100", None) == 80
+    assert device_memory_gib("H100", None) == 80 and device_memory_gib("A100-40GB", None) == 40
+    with pytest.raises(ConfigValueError, match=r"^plan.device=a100 is not a device whose memory is known .*a100-40gb"):
+        device_memory_gib("a100", None)  # sold in two sizes: named with its size
     assert device_memory_gib("h100", 40) == 40  # the size given wins
     assert device_memory_gib(None, None) is None
     with pytest.raises(ConfigValueError, match=r"^plan.device=mi300x is not a device whose memory is known \(a10,"):
@@ -112,6 +114,13 @@ def figures(memory_gib: float) -> PlanFigures:
         bucket_count=40, allreduce_bytes_per_step=GIB, allreduce_sent_bytes_per_rank=GIB, allreduce_seconds=0.1,
         step_seconds=None,
     )  # fmt: skip
+
+
+def test_the_fit_column_gives_small_shares_two_digits_and_large_ones_whole_percents():
+    assert [_fit(total, 100_000) for total in (3, 9_500, 45_000, 3_125_000)] == [
+        "yes 0.003%", "yes 9.5%", "yes 45%", "NO 3125%"
+    ]  # fmt: skip
+    assert _fit(None, 100) == "-"
 
 
 def test_a_layout_that_does_not_fit_is_refused_with_what_would():
@@ -148,8 +157,16 @@ def planned(**keys) -> DictConfig:
         ({"plan__global_rank": 64}, "plan.global_rank=64 is not a rank of world_size=64: use 0 to 63."),
         ({"plan__network_gbps": 0}, "plan.network_gbps=0 must be positive (or null: not known)."),
         ({"plan__device": "tpu"}, "plan.device=tpu is not a device whose memory is known"),
+        (
+            {"plan__device": "h100", "plan__device_memory_gib": 40},
+            "plan.device=h100 and plan.device_memory_gib=40 both give the device's memory: keep one of them.",
+        ),
+        (
+            {"plan__device": "h100", "trainer__accelerator": "cpu"},
+            "plan.device=h100 is a GPU, but trainer.accelerator=cpu",
+        ),
     ],
-    ids=["devices_auto", "batch_split", "rank", "bandwidth", "device"],
+    ids=["devices_auto", "batch_split", "rank", "bandwidth", "device", "device_and_size", "gpu_on_cpu"],
 )
 def test_a_plans_keys_are_checked_before_torch_for_the_planned_cluster(keys, refusal):
     check_plan(planned(), check_planned_layout(planned()))  # 8 x 8 nodes on a machine without GPUs: planned

@@ -18,8 +18,8 @@ DEVICE_MEMORY_GIB = {
     "v100-16gb": 16,
     "t4": 16,
 }
-#: Short names of cards sold in one size, or whose common size is meant.
-DEVICE_ALIASES = {"a100": "a100-80gb", "v100": "v100-32gb", "a10": "a10g"}
+#: Short names of cards sold in one size (an A100 or a V100 comes in two: named with its size).
+DEVICE_ALIASES = {"a10": "a10g"}
 
 
 def device_memory_gib(device: str | None, memory_gib: float | None) -> float | None:

@@ -351,7 +351,9 @@ def _size(value: int | None) -> str:
 
 
 def _fit(total: int | None, memory: int) -> str:
-    """Whether ``total`` fits in ``memory``, with the share it takes."""
+    """Whether ``total`` fits in ``memory``, with the share it takes (two significant digits below
+    10%, whole percents above: ``0.0031%``, ``45%``, ``3125%``)."""
     if total is None:
         return "-"
-    return f"{'yes' if total <= memory else 'NO'} {100 * total / memory:.2g}%"
+    share = 100 * total / memory
+    return f"{'yes' if total <= memory else 'NO'} {f'{share:.2g}' if share < 10 else f'{share:.0f}'}%"
