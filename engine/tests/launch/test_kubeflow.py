@@ -24,6 +24,8 @@ from runs import DETERMINISTIC, TRAIN
 
 from ddp_engine.config.checks import check_output_dir
 from ddp_engine.config.command_line import check_command_line
+from ddp_engine.config.compose import composed_jobs
+from ddp_engine.config.early_checks import check_jobs_early
 from ddp_engine.core.errors import ConfigValueError, UsageError
 from ddp_engine.launch.kubeflow import submit
 
@@ -58,6 +60,27 @@ def test_a_sweep_of_trainjobs_is_refused(sensor_data):
     """One TrainJob per command: a sweep's jobs would share its name, and so its run directory."""
     message = refusal("-m", *sensor_data, *kubeflow_overrides("/mnt/runs", "trainer.devices=2"), "seed=1,2")
     assert message.startswith("launcher=kubeflow writes the TrainJob of one run: run each job of the sweep as ")
+
+
+def test_fewer_gpus_per_pod_than_processes_is_refused(sensor_data):
+    """Each of a pod's trainer.devices processes drives one GPU."""
+    message = refusal(*sensor_data, *kubeflow_overrides("/mnt/runs", "trainer.accelerator=gpu", "trainer.devices=4",
+                                                        "launcher.kubeflow.gpus_per_node=2"))  # fmt: skip
+    assert message == (
+        "launcher.kubeflow.gpus_per_node=2 is fewer than trainer.devices=4, the processes of each pod, one per GPU: "
+        "set launcher.kubeflow.gpus_per_node=4 (or leave it null: trainer.devices)."
+    )
+
+
+def test_a_plan_of_a_trainjobs_layout_plans_it_here(sensor_data):
+    """``plan`` with the TrainJob's command line (no image given) checks the layout, writes no TrainJob;
+    and a plan is of one layout: -m refused."""
+    layout = ("trainer.accelerator=gpu", "trainer.num_nodes=2", "trainer.devices=4", "strategy=ddp_nccl")
+    plan = [*sensor_data, *kubeflow_overrides("/mnt/runs", "launcher.kubeflow.image=null", *layout)]
+    jobs = composed_jobs("plan", plan)
+    check_jobs_early("plan", jobs)  # no refusal of the unset image: the plan runs here
+    with pytest.raises(ConfigValueError, match=r"^A plan is of one layout: run python -m <package>.plan once per"):
+        check_jobs_early("plan", composed_jobs("plan", ["-m", *plan, "seed=1,2"]))
 
 
 def test_a_pod_meeting_a_completed_run_of_its_name_refuses_it_and_one_of_a_stopped_run_resumes(tmp_path, monkeypatch):

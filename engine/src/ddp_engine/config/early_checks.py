@@ -59,11 +59,18 @@ def check_jobs_early(config_name: str, jobs: Sequence[Job]) -> None:
     Raises:
         UsageError: the first problem found, as one line.
     """
+    if config_name == PLAN and jobs and jobs[0].multirun:
+        raise ConfigValueError(
+            "A plan is of one layout: run python -m <package>.plan once per layout, with the same overrides as its "
+            "training (without -m)."
+        )
     submitted = submitted_to_cluster(jobs)
     for job in jobs:
         HydraConfig.instance().set_config(job.cfg)  # a value's ${hydra:runtime.cwd} resolves as in the job
-        if submitted_to_kubeflow(job.cfg):
-            check_train_job(job.cfg.launcher.kubeflow, job.cfg.trainer.devices, job.multirun)
+        if submitted_to_kubeflow(job.cfg) and config_name != PLAN:  # a plan runs here, whatever the launcher
+            check_train_job(
+                job.cfg.launcher.kubeflow, job.cfg.trainer.devices, job.multirun, job.cfg.trainer.accelerator
+            )
         check_job_early(config_name, job.cfg, submitted)
 
 
@@ -146,6 +153,16 @@ def check_plan(cfg: DictConfig, world_size: int) -> None:
     if not 0 <= plan.global_rank < world_size:
         raise ConfigValueError(
             f"plan.global_rank={plan.global_rank} is not a rank of world_size={world_size}: use 0 to {world_size - 1}."
+        )
+    if plan.device is not None and plan.device_memory_gib is not None:
+        raise ConfigValueError(
+            f"plan.device={plan.device} and plan.device_memory_gib={plan.device_memory_gib} both give the device's "
+            "memory: keep one of them."
+        )
+    if plan.device is not None and cfg.trainer.accelerator == "cpu":
+        raise ConfigValueError(
+            f"plan.device={plan.device} is a GPU, but trainer.accelerator=cpu: plan the GPUs' run with "
+            "trainer.accelerator=gpu, or leave plan.device out."
         )
     device_memory_gib(plan.device, plan.device_memory_gib)
     for key in ("network_gbps", "step_seconds"):

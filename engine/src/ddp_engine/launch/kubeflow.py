@@ -41,10 +41,11 @@ NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 OWN_KEYS = ("launcher", "launcher.kubeflow.", "paths.log_dir")
 
 
-def check_train_job(kubeflow: DictConfig, devices: Any, multirun: bool) -> None:
+def check_train_job(kubeflow: DictConfig, devices: Any, multirun: bool, accelerator: str = "auto") -> None:
     """Refuse a TrainJob that cannot run: a ``-m`` sweep's (one TrainJob per command: its name is
     the run's), an unset ``image`` or ``volume``, a ``name`` Kubernetes
-    refuses, a ``trainer.devices`` that is not a number (its processes per pod), a missing
+    refuses, a ``trainer.devices`` that is not a number (its processes per pod), fewer GPUs per pod
+    than ``trainer.devices`` on ``trainer.accelerator=gpu`` (one process per GPU), a missing
     kubernetes extra; and with ``submit=true``, no cluster to submit to (:func:`cluster`).
 
     Raises:
@@ -68,6 +69,12 @@ def check_train_job(kubeflow: DictConfig, devices: Any, multirun: bool) -> None:
         raise ConfigValueError(
             f"trainer.devices={devices}: launcher=kubeflow runs trainer.devices processes in each pod, a number: "
             "set trainer.devices=<GPUs per node> (or processes per CPU node)."
+        )
+    gpus = kubeflow.gpus_per_node
+    if gpus is not None and accelerator in ("gpu", "cuda") and gpus < devices:
+        raise ConfigValueError(
+            f"launcher.kubeflow.gpus_per_node={gpus} is fewer than trainer.devices={devices}, the processes of each "
+            f"pod, one per GPU: set launcher.kubeflow.gpus_per_node={devices} (or leave it null: trainer.devices)."
         )
     try:
         import kubeflow_trainer_api  # noqa: F401
