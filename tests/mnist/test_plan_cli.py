@@ -5,6 +5,7 @@ at world size 2, against what a real 2-process run of the same command line meas
 refused as the training refuses it; a layout that cannot start, refused in its step."""
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -55,6 +56,21 @@ def test_a_plan_of_8_nodes_x_8_gpus_splits_the_batch_scales_the_rate_and_counts_
     assert plan["device_memory"] is None and "  fits " not in result.stdout
     assert "(no device memory given: add plan.device=<name>" in result.stdout
     assert "Plan: 8 nodes x 8 devices = world_size 64, as global rank 9" in result.stdout
+
+
+def test_a_plan_that_does_not_fit_its_device_prints_its_table_then_one_refusal_and_keeps_its_figures(
+    synthetic_data, tmp_path
+):
+    result = run_cli(*synthetic_data, "trainer.accelerator=gpu", "trainer.num_nodes=2", "trainer.devices=4",
+                     "plan.device_memory_gib=0.001", module=PLAN, log_dir=tmp_path)  # fmt: skip
+    assert result.returncode == 1 and re.search(r"  fits device \(1.02 MiB\) +NO \d+% +NO \d+%", result.stdout)
+    assert (
+        result.stderr.strip().splitlines()[-1].startswith("Error: the planned layout does not fit: each device holds ")
+    ), result.stderr[-2000:]
+    (run_dir,) = (tmp_path / "plans").iterdir()
+    record = json.loads((run_dir / "metrics.json").read_text())
+    assert record["status"] == "refused" and record["error"] in result.stderr
+    assert record["plan"]["world_size"] == 8 and record["plan"]["total"] > 0.001 * 2**30
 
 
 def test_a_plan_at_world_size_2_agrees_with_what_the_2_process_run_measured(

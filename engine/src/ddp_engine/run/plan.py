@@ -12,8 +12,10 @@ that step; one that does not fit the device is refused in one line, after the ta
 """
 
 import logging
+import sys
 import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -27,6 +29,8 @@ from ddp_engine.callbacks.ddp_report import allreduce_bytes, ring_sent_bytes
 from ddp_engine.callbacks.planned_step import PlannedStep, StepFigures
 from ddp_engine.core.compat import init_fake_process_group
 from ddp_engine.core.errors import ConfigValueError, UsageError, first_line
+from ddp_engine.core.files import write_json
+from ddp_engine.core.run_dir import METRICS_FILE
 from ddp_engine.distributed.device_memory import device_memory_gib
 from ddp_engine.distributed.fake_rank import FakeRankStrategy, PlannedRank
 from ddp_engine.distributed.footprint import storage_bytes
@@ -51,8 +55,9 @@ def plan(cfg: DictConfig) -> dict:
         records in its ``metrics.json``.
 
     Raises:
-        UsageError: a layout whose first step fails (its error, as one line), or whose device memory
-            the figures exceed (naming what would fit).
+        UsageError: a layout whose first step fails (its error, as one line).
+        SystemExit: 1, for a layout whose figures exceed the device's memory: ``Error: <what would
+            fit>`` on stderr, after the table, and the figures in ``metrics.json`` (``status: refused``).
     """
     trainer = cfg.trainer
     world_size = planned_world_size(trainer.accelerator, trainer.devices, trainer.num_nodes)
@@ -71,8 +76,16 @@ def plan(cfg: DictConfig) -> dict:
     memory_gib = device_memory_gib(cfg.plan.device, cfg.plan.device_memory_gib)
     figures = PlanFigures.of(cfg, step, model, strategy, world_size, per_device, lr, base_lr, memory_gib)
     print(figures.table(cfg), flush=True)
-    figures.check_fit(cfg)
-    return {"plan": figures.to_dict()}
+    result = {"plan": figures.to_dict()}
+    try:
+        figures.check_fit(cfg)
+    except ConfigValueError as refused:
+        # The plan's answer, not a failure of it: its figures are kept, and the refusal is the
+        # command's one line on stderr, as a refused command line's.
+        write_json(Path(cfg.paths.output_dir) / METRICS_FILE, {"status": "refused", "error": str(refused), **result})
+        print(f"Error: {refused}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    return result
 
 
 def run_planned_step(
