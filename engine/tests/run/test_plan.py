@@ -47,6 +47,8 @@ def test_the_fake_process_group_is_any_rank_of_any_world_size_and_zero1_partitio
     # This rank's share is what its local optimizer steps (public: zero.optim).
     assert [id(p) for p in partition[5]] == [id(p) for group in zero.optim.param_groups for p in group["params"]]
     # Without torch's partition the plan gives no largest share, and says so.
+    monkeypatch.setattr(compat, "_LOST", set())  # said once per process: not yet in this one
+    monkeypatch.setattr(logging.getLogger(compat.__name__), "disabled", False)  # other tests' logging configs
     monkeypatch.setattr(compat, "_private", hidden_private_api(compat._private, {"_partition_parameters"}))
     with caplog.at_level(logging.WARNING):
         assert zero_partition(zero) is None
@@ -55,6 +57,8 @@ def test_the_fake_process_group_is_any_rank_of_any_world_size_and_zero1_partitio
 
 def test_without_torchs_fake_process_group_a_plan_runs_no_step_and_says_so(monkeypatch, caplog):
     # As an older torch: no Backend.FAKE, and no private module that registers the backend.
+    monkeypatch.setattr(compat, "_LOST", set())  # said once per process: not yet in this one
+    monkeypatch.setattr(logging.getLogger(compat.__name__), "disabled", False)  # other tests' logging configs
     monkeypatch.delattr(dist.Backend, "FAKE")
     monkeypatch.setitem(sys.modules, "torch.testing._internal.distributed.fake_pg", None)
     with caplog.at_level(logging.WARNING):
