@@ -255,6 +255,9 @@ def _checked_in_forkserver(function: str, config_name: str, jobs: Sequence[Job])
     from ddp_engine.launch.supervisor import ForkserverUnavailable, preload_workers, run_in_forkserver
 
     preload_workers(function.partition(":")[0])
+    from ddp_engine.launch.job import import_supervision  # with torch: meanwhile, on the other core
+
+    import_supervision()
     try:
         run_in_forkserver(f"{__name__}:{check_values.__name__}", config_name, jobs)
     except ForkserverUnavailable:

@@ -99,6 +99,15 @@ def run_job(task: str, cfg: DictConfig, in_process: bool = False, objective: str
     return metrics
 
 
+def import_supervision() -> None:
+    """Import what launching and supervising a job's workers needs beyond this module (with torch):
+    torch's elastic agent. About a second of CPU: called while the forkserver imports
+    (:func:`~ddp_engine.launch.supervisor.preload_workers`), on the other core, instead of after
+    the value checks, where it would delay the workers' start by as much."""
+    import torch.distributed.elastic.multiprocessing  # noqa: F401
+    import torch.distributed.launcher.api  # noqa: F401
+
+
 def record(run_dir: Path, metrics: dict) -> None:
     """Write a stopped or failed job's record to its ``metrics.json``; where that write fails too
     (a full disk), one line says so, and the run's own error stays the one reported."""
