@@ -163,6 +163,18 @@ class PauseAfterStep(L.Callback):
             time.sleep(self.seconds)
 
 
+class HoldBeforeTraining(L.Callback):
+    """Every process waits before its first training step until the file ``release`` exists: a run
+    that a test signals meanwhile has started its processes and saved no checkpoint."""
+
+    def __init__(self, release: str) -> None:
+        self.release = Path(release)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        while trainer.global_step == 0 and not self.release.exists():
+            time.sleep(0.1)
+
+
 class PauseInTest(L.Callback):
     """Global rank 0 writes ``marker`` (once) and sleeps ``seconds`` before every test batch, so that
     a test can signal the run during its final test; not once the file ``release`` exists."""

@@ -223,8 +223,10 @@ def test_a_parallel_sweep_stopped_before_its_jobs_train_continues_them(determini
     """Jobs stopped before they train are recorded stopped, and the same command starts them again."""
     # SIGTERM while the first two jobs' commands check their values (started, no config written yet: each
     # command ends with status 143 before its run records anything), or as they start their
-    # processes (the run's config just written); the sweep records them stopped either way.
-    sweep = Sweep(deterministic_data, tmp_path)
+    # processes (the run's config written; they wait before their first step until the sweep runs
+    # again, however late the second job starts); the sweep records them stopped either way.
+    hold = ("+callbacks.hold._target_=probes.HoldBeforeTraining", f"+callbacks.hold.release={tmp_path / 'release'}")
+    sweep = Sweep(deterministic_data, tmp_path, *hold)
 
     def ready() -> bool:
         started = all(processes_mentioning(str(sweep.dir / job)) for job in ("0", "1"))
