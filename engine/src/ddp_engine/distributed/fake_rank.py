@@ -25,7 +25,7 @@ class PlannedRank(ClusterEnvironment):
 
     def __init__(self, global_rank: int, num_nodes: int, devices_per_node: int) -> None:
         super().__init__()
-        self._global_rank, self._num_nodes, self._devices_per_node = global_rank, num_nodes, devices_per_node
+        self._global_rank, self._num_nodes, self.devices_per_node = global_rank, num_nodes, devices_per_node
 
     @property
     @override
@@ -49,7 +49,7 @@ class PlannedRank(ClusterEnvironment):
 
     @override
     def world_size(self) -> int:
-        return self._num_nodes * self._devices_per_node
+        return self._num_nodes * self.devices_per_node
 
     @override
     def set_world_size(self, size: int) -> None:
@@ -65,11 +65,11 @@ class PlannedRank(ClusterEnvironment):
 
     @override
     def local_rank(self) -> int:
-        return self._global_rank % self._devices_per_node
+        return self._global_rank % self.devices_per_node
 
     @override
     def node_rank(self) -> int:
-        return self._global_rank // self._devices_per_node
+        return self._global_rank // self.devices_per_node
 
 
 class FakeRankStrategy(CommHookDDPStrategy):

@@ -71,8 +71,8 @@ def plan(cfg: DictConfig) -> dict:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule = instantiate(cfg.data)
     model = build_model(cfg.model, datamodule)
-    strategy = instantiate(cfg.strategy)
-    step = run_planned_step(cfg, model, datamodule, world_size, devices_per_node)
+    strategy = planned_strategy(cfg, devices_per_node)
+    step = run_planned_step(cfg, model, datamodule, strategy)
     memory_gib = device_memory_gib(cfg.plan.device, cfg.plan.device_memory_gib)
     figures = PlanFigures.of(cfg, step, model, strategy, world_size, per_device, lr, base_lr, memory_gib)
     print(figures.table(cfg), flush=True)
@@ -88,16 +88,12 @@ def plan(cfg: DictConfig) -> dict:
     return result
 
 
-def run_planned_step(
-    cfg: DictConfig, model: L.LightningModule, datamodule: L.LightningDataModule, world_size: int, devices_per_node: int
-) -> StepFigures | None:
-    """One optimizer step of ``model`` on ``datamodule``'s shard with the training's strategy and
-    Trainer settings, as ``plan.global_rank`` of ``world_size`` processes over torch's fake process
-    group, on this machine's CPU (a precision that needs CUDA as bf16-mixed, SyncBatchNorm as the
-    BatchNorm it replaces: the same bytes). None where torch has no fake process group: no step.
+def planned_strategy(cfg: DictConfig, devices_per_node: int) -> FakeRankStrategy:
+    """The training's strategy node (its checkpoint IO, its DDP options), built as the strategy of
+    ``plan.global_rank`` of ``trainer.num_nodes`` x ``devices_per_node`` processes.
 
     Raises:
-        UsageError: the step's own, or its other error as one line: the layout does not start.
+        ConfigValueError: ``strategy._target_`` is not the engine's strategy.
     """
     target = get_class(cfg.strategy._target_)
     if not issubclass(target, CommHookDDPStrategy):
@@ -106,9 +102,23 @@ def run_planned_step(
             f"({CommHookDDPStrategy.__module__}.{CommHookDDPStrategy.__name__}) as one rank; give its options instead."
         )
     environment = PlannedRank(cfg.plan.global_rank, cfg.trainer.num_nodes, devices_per_node)
-    # The training's strategy node (its checkpoint IO, its DDP options), built as the fake rank's.
     node = OmegaConf.merge(cfg.strategy, {"_target_": f"{FakeRankStrategy.__module__}.{FakeRankStrategy.__qualname__}"})
-    strategy = instantiate(node, cluster_environment=environment)
+    return instantiate(node, cluster_environment=environment)
+
+
+def run_planned_step(
+    cfg: DictConfig, model: L.LightningModule, datamodule: L.LightningDataModule, strategy: FakeRankStrategy
+) -> StepFigures | None:
+    """One optimizer step of ``model`` on ``datamodule``'s shard with ``strategy`` (:func:`planned_strategy`)
+    and the training's Trainer settings, over torch's fake process group, on this machine's CPU (a
+    precision that needs CUDA as bf16-mixed, SyncBatchNorm as the BatchNorm it replaces: the same
+    bytes). None where torch has no fake process group: no step.
+
+    Raises:
+        UsageError: the step's own, or its other error as one line: the layout does not start.
+    """
+    environment = strategy.cluster_environment
+    world_size = environment.world_size()
     measured = PlannedStep()
     precision = str(cfg.trainer.precision)
     # The data was prepared by the plan's checks (ddp_engine.config.checks.check_data); Lightning's
@@ -121,7 +131,7 @@ def run_planned_step(
         trainer = instantiate(
             cfg.trainer,
             accelerator="cpu",
-            devices=devices_per_node,
+            devices=environment.devices_per_node,
             strategy=strategy,
             precision="bf16-mixed" if precision in CUDA_ONLY_PRECISIONS else precision,
             sync_batchnorm=False,
@@ -143,7 +153,7 @@ def run_planned_step(
     except Exception as error:  # noqa: BLE001 - any failure of the step is the layout's: one line
         raise UsageError(
             f"the planned layout does not start: global rank {cfg.plan.global_rank} of "
-            f"world_size={environment.world_size()} failed in its first training step: "
+            f"world_size={world_size} failed in its first training step: "
             f"{type(error).__name__}: {first_line(error)}"
         ) from None
     finally:
