@@ -61,6 +61,7 @@ class JobProcess:
     process: subprocess.Popen | None = None
     relay: threading.Thread | None = None
     last_line: str = ""
+    stop_deadline: float | None = None
 
 
 class ParallelJobs:
@@ -95,6 +96,7 @@ class ParallelJobs:
         try:
             while self.running or (self.pending and self.stopped_by is None):
                 self._start_what_fits()
+                self._pass_on_the_stop()
                 self._reap()
                 time.sleep(0.1)
         finally:
@@ -168,18 +170,27 @@ class ParallelJobs:
         return {"status": "failed", "error": error, "overrides": job.overrides}
 
     def _stop(self, signum: int, frame: object) -> None:
-        """Pass the signal to every running job, then wait for them to end (a job still running after
-        ``grace`` seconds has its process group killed)."""
-        if self.stopped_by is not None:
+        """Record the stop signal; the loop of :meth:`run` passes it on (:meth:`_pass_on_the_stop`).
+
+        Only recorded here: the handler runs wherever the main thread is, possibly inside
+        :meth:`_start` with a job's process started and not yet listed as running."""
+        if self.stopped_by is None:
+            self.stopped_by = signum
+
+    def _pass_on_the_stop(self) -> None:
+        """Once a stop signal came: pass it to each running job, once, and kill the process group
+        of a job still running ``grace`` seconds later."""
+        if self.stopped_by is None:
             return
-        self.stopped_by = signum
-        log.warning(f"{signal.Signals(signum).name}: stopping the {len(self.running)} running job(s); no other starts.")
+        waiting = [job for job in self.running if job.stop_deadline is None]
+        if waiting:
+            name = signal.Signals(self.stopped_by).name
+            log.warning(f"{name}: stopping the {len(waiting)} running job(s); no other starts.")
+        for job in waiting:
+            job.process.send_signal(self.stopped_by)
+            job.stop_deadline = time.time() + self.grace
         for job in self.running:
-            job.process.send_signal(signum)
-        deadline = time.time() + self.grace
-        while any(job.process.poll() is None for job in self.running) and time.time() < deadline:
-            time.sleep(0.1)
-        for job in self.running:
-            if job.process.poll() is None:
+            if job.process.poll() is None and time.time() > job.stop_deadline:
                 log.error(f"#{job.index} did not stop within {self.grace:.0f} s: killed")
                 os.killpg(job.process.pid, signal.SIGKILL)
+                job.stop_deadline = float("inf")  # killed once
