@@ -83,6 +83,14 @@ def test_a_read_only_log_folder_is_refused(sensor_data):
         ("vision_task.train", ["data.global_batch_sze=64"], "Unknown key data.global_batch_sze"),
         ("sensor_task.eval", ["trainer.devics=2"], "Unknown key trainer.devics"),
         ("sensor_task.train", ["data.pth=windows.npz"], "Unknown key data.pth"),
+        # An argument of an open node's class that the config does not set: read from the class's
+        # source (torch.optim's, torch not imported), added with a +.
+        ("vision_task.train", ["data.root=/x", "model.optimizer.betas=[0.8,0.9]"],
+         "model.optimizer.betas is an argument of torch.optim.AdamW that the config does not set: add it with "
+         "+model.optimizer.betas=..."),
+        ("vision_task.train", ["data.root=/x", "model.optimizer.betaz=1"],
+         "Unknown key model.optimizer.betaz (torch.optim.AdamW takes lr, betas, eps, weight_decay, amsgrad, "
+         "maximize, foreach, capturable, differentiable, fused). Did you mean +model.optimizer.betas?"),
         # Paths that name nothing need no torch either (config/command_line.check_paths): a
         # checkpoint (also through ${hydra:...}, resolved as in the job), a prediction's input, an
         # export's output that exists. {files} holds a .ckpt and a .onnx file.

@@ -278,12 +278,13 @@ def constructor_arguments(target: str, key: str = "data") -> tuple[str, ...] | N
     return None
 
 
-def _source_arguments(module: str, name: str, depth: int = 0) -> tuple[str, ...] | None:
+def _source_arguments(module: str, name: str, depth: int = 0, exact: bool = False) -> tuple[str, ...] | None:
     """The arguments of class ``name``'s ``__init__`` in ``module``'s source file, parsed, not
     imported, following ``**kwargs`` (or a class without ``__init__`` of its own) to its one base
     class where the source names where it comes from (a class of the module, or an import of it);
     None where the sources do not tell them all (no source, several bases, a base such as
-    ``L.LightningDataModule``, ``**kwargs`` all the way up)."""
+    ``L.LightningDataModule``, ``**kwargs`` all the way up). ``exact``: None also where an
+    ``__init__`` takes ``**kwargs`` (which it may pass elsewhere than to its base)."""
     found = _class_source(module, name)
     if found is None or depth > 8:
         return None
@@ -292,10 +293,10 @@ def _source_arguments(module: str, name: str, depth: int = 0) -> tuple[str, ...]
     names = [argument.arg for argument in [*init.args.args[1:], *init.args.kwonlyargs]] if init is not None else []
     if init is not None and init.args.kwarg is None:
         return tuple(names)
-    if len(klass.bases) != 1 or not isinstance(klass.bases[0], ast.Name):
+    if (exact and init is not None) or len(klass.bases) != 1 or not isinstance(klass.bases[0], ast.Name):
         return None
     base = _import_of(klass.bases[0].id, tree, module, package)
-    inherited = _source_arguments(*base, depth + 1) if base is not None else None
+    inherited = _source_arguments(*base, depth + 1, exact) if base is not None else None
     return None if inherited is None else tuple(dict.fromkeys([*names, *inherited]))
 
 
@@ -303,18 +304,39 @@ def _class_source(module: str, name: str, depth: int = 0) -> tuple[ast.ClassDef,
     """Class ``name`` of ``module``'s source file, or of the module it imports it from (a re-export,
     such as ``ddp_engine.api``'s): the class, its file parsed, its module and that module's package;
     None where no Python source defines it."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
+    found = _module_source(module)
+    if found is None or depth > 8:
         return None
-    if spec is None or not spec.origin or not spec.origin.endswith(".py") or depth > 8:
-        return None
-    tree = ast.parse(Path(spec.origin).read_text())
+    source, package = found
+    tree = ast.parse(source.read_text())
     klass = next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name), None)
     if klass is not None:
-        return klass, tree, module, spec.parent
-    imported = _import_of(name, tree, module, spec.parent)
+        return klass, tree, module, package
+    imported = _import_of(name, tree, module, package)
     return None if imported is None or imported[0] == module else _class_source(*imported, depth + 1)
+
+
+def _module_source(module: str) -> tuple[Path, str] | None:
+    """The source file of ``module`` and its package, found without importing anything: Python's
+    ``find_spec`` of a dotted name imports its parent packages (``torch.optim``: torch, seconds). None
+    where the module is not a ``.py`` file under its top-level package's folder."""
+    top, *parts = module.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    if not parts:
+        package = top if spec.submodule_search_locations else ""
+        return (Path(spec.origin), package) if spec.origin.endswith(".py") else None
+    for folder in spec.submodule_search_locations or ():
+        path = Path(folder, *parts)
+        if (path / "__init__.py").is_file():
+            return path / "__init__.py", module
+        if path.with_suffix(".py").is_file():
+            return path.with_suffix(".py"), module.rpartition(".")[0]
+    return None
 
 
 def _import_of(name: str, tree: ast.Module, module: str, package: str) -> tuple[str, str] | None:
@@ -375,17 +397,41 @@ def _under_null_node(overrides: Sequence[str], defaults: DictConfig) -> str:
     return "the command line sets a key under a node that is null in the config."
 
 
+#: The arguments that the task passes to an optimizer or a scheduler it builds (``_partial_: true``),
+#: never set in the config.
+PASSED_BY_THE_TASK = ("params", "optimizer")
+
+
+def _target_arguments(node: object, exact: bool) -> tuple[str, ...] | None:
+    """The arguments of ``node``'s ``_target_`` class, read from its source (:func:`_source_arguments`,
+    nothing imported; ``exact`` as there); None where ``node`` has no ``_target_`` or its source does
+    not name them all."""
+    if not isinstance(node, DictConfig) or not isinstance(target := node.get("_target_"), str):
+        return None
+    module, _, name = target.rpartition(".")
+    return _source_arguments(module, name, exact=exact) if module else None
+
+
 def _unknown_key(key: str, cfg: DictConfig) -> str:
     """The message for ``key``, which ``cfg`` (its schema) does not have: the keys it could be."""
     parent, _, name = key.rpartition(".")
     node = OmegaConf.select(cfg, parent) if parent else cfg
     schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else _declared_type(cfg, parent)
+    unset: set[str] = set()  # the keys that exist only once added with a +
     if parent == "trainer":
         keys = sorted(trainer_arguments())
         allowed = "trainer takes the arguments of lightning.pytorch.Trainer"
     elif f"{parent}." in SIGNATURE_CHECKED and not dataclasses.is_dataclass(schema) and isinstance(node, DictConfig):
         keys = sorted(constructor_arguments(node._target_, parent) or ())
         allowed = f"{node._target_} takes {', '.join(keys)}"
+    elif not dataclasses.is_dataclass(schema) and name in (_target_arguments(node, exact=False) or ()):
+        # An open node built by its _target_ (model.optimizer: torch.optim.AdamW), whose class's
+        # source names the argument: one the config does not set is added with a +.
+        return f"{key} is an argument of {node._target_} that the config does not set: add it with +{key}=..."
+    elif not dataclasses.is_dataclass(schema) and (arguments := _target_arguments(node, exact=True)) is not None:
+        keys = [argument for argument in arguments if argument not in PASSED_BY_THE_TASK]
+        allowed = f"{node._target_} takes {', '.join(keys)}"
+        unset = {argument for argument in keys if argument not in node}
     else:
         if dataclasses.is_dataclass(schema):
             keys = sorted(_schema_fields(schema))
@@ -394,7 +440,8 @@ def _unknown_key(key: str, cfg: DictConfig) -> str:
         # A null node whose schema is not known (compat.declared_type): its keys cannot be listed.
         allowed = f"keys of {parent or 'the config'}: {', '.join(keys) or ('none' if schema else 'not known')}"
     close = difflib.get_close_matches(name, keys, n=1)
-    hint = f" Did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+    plus = "+" if close and close[0] in unset else ""
+    hint = f" Did you mean {plus}{parent + '.' if parent else ''}{close[0]}?" if close else ""
     return f"Unknown key {key} ({allowed}).{hint}"
 
 
