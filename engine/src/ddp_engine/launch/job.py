@@ -32,6 +32,7 @@ from ddp_engine.core.run_dir import METRICS_FILE, read_metrics, restart_hint, re
 from ddp_engine.distributed.resume_points import resume_point, with_global_step
 from ddp_engine.launch.kubeflow import write_train_job
 from ddp_engine.launch.supervisor import (
+    ForkserverUnavailable,
     JobInterrupted,
     collect_stacks,
     interrupt_job_on_stop_signals,
@@ -108,6 +109,19 @@ def import_supervision() -> None:
     import torch.distributed.launcher.api  # noqa: F401
 
 
+def worker_count(accelerator: str, devices: int | str) -> int:
+    """The job's worker processes on this machine, counted by Lightning's rules
+    (:func:`ddp_engine.distributed.layout.processes_per_node`) in a process forked from the workers'
+    forkserver, which has imported Lightning; here, where the forkserver has ended (the launch
+    starts another)."""
+    try:
+        return run_in_forkserver("ddp_engine.distributed.layout:processes_per_node", accelerator, devices)
+    except ForkserverUnavailable:
+        from ddp_engine.distributed.layout import processes_per_node
+
+        return processes_per_node(accelerator, devices)
+
+
 def record(run_dir: Path, metrics: dict) -> None:
     """Write a stopped or failed job's record to its ``metrics.json``; where that write fails too
     (a full disk), one line says so, and the run's own error stays the one reported."""
@@ -134,10 +148,7 @@ def supervise(task: str, cfg: DictConfig, objective: str | None = None) -> dict:
         job_file = write_job_file(run_dir, task, cfg, HydraConfig.get().job_logging)
         task_module = task.partition(":")[0]
         preload_workers(task_module)
-        # Counted by Lightning's rules, in a process that has imported it: this one has not.
-        nproc_per_node = run_in_forkserver(
-            "ddp_engine.distributed.layout:processes_per_node", cfg.trainer.accelerator, cfg.trainer.devices
-        )
+        nproc_per_node = worker_count(cfg.trainer.accelerator, cfg.trainer.devices)
         launch(job_file, task_module, nproc_per_node, cfg.launcher.rendezvous_timeout, cfg.launcher.shutdown_timeout)
     except JobInterrupted as stopped:
         remove_stacks(run_dir)

@@ -316,7 +316,8 @@ def run_in_forkserver(function: str, *args: object) -> Any:
     process takes this one's environment, and ends with the forkserver, which ends with this one.
 
     Raises:
-        ForkserverUnavailable: the forkserver is not running (its interpreter could not be executed).
+        ForkserverUnavailable: the forkserver is not running (its interpreter could not be executed),
+            or it ended before it forked the process.
         RuntimeError: the process ended without an answer (its exit code said), or ``function``
             raised an exception that cannot be sent back (its traceback said).
     """
@@ -330,6 +331,9 @@ def run_in_forkserver(function: str, *args: object) -> Any:
     except OSError as error:  # nothing listens on the forkserver's socket
         receive.close()
         raise ForkserverUnavailable(f"The job's forkserver is not running ({error}).") from None
+    except EOFError:  # it took the request, then closed it unanswered: it ended meanwhile
+        receive.close()
+        raise ForkserverUnavailable("The job's forkserver ended before it forked the process.") from None
     finally:
         send.close()  # the child's copy is its own: recv() ends with EOFError once the child has gone
     try:
