@@ -88,6 +88,10 @@ def test_a_read_only_log_folder_is_refused(sensor_data):
         ("vision_task.train", ["data.root=/x", "model.optimizer.betas=[0.8,0.9]"],
          "model.optimizer.betas is an argument of torch.optim.AdamW that the config does not set: add it with "
          "+model.optimizer.betas=..."),
+        # The parameters are the task's to pass, never the config's: no + for them.
+        ("vision_task.train", ["data.root=/x", "model.optimizer.params=1"],
+         "Unknown key model.optimizer.params (torch.optim.AdamW takes lr, betas, eps, weight_decay, amsgrad, "
+         "maximize, foreach, capturable, differentiable, fused)."),
         ("vision_task.train", ["data.root=/x", "model.optimizer.betaz=1"],
          "Unknown key model.optimizer.betaz (torch.optim.AdamW takes lr, betas, eps, weight_decay, amsgrad, "
          "maximize, foreach, capturable, differentiable, fused). Did you mean +model.optimizer.betas?"),

@@ -424,7 +424,11 @@ def _unknown_key(key: str, cfg: DictConfig) -> str:
     elif f"{parent}." in SIGNATURE_CHECKED and not dataclasses.is_dataclass(schema) and isinstance(node, DictConfig):
         keys = sorted(constructor_arguments(node._target_, parent) or ())
         allowed = f"{node._target_} takes {', '.join(keys)}"
-    elif not dataclasses.is_dataclass(schema) and name in (_target_arguments(node, exact=False) or ()):
+    elif (
+        not dataclasses.is_dataclass(schema)
+        and name not in PASSED_BY_THE_TASK
+        and name in (_target_arguments(node, exact=False) or ())
+    ):
         # An open node built by its _target_ (model.optimizer: torch.optim.AdamW), whose class's
         # source names the argument: one the config does not set is added with a +.
         return f"{key} is an argument of {node._target_} that the config does not set: add it with +{key}=..."
